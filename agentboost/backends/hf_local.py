@@ -1,0 +1,247 @@
+"""In-process generation with a Hugging Face ``transformers`` causal LM (CPU or one GPU).
+
+The embedded default for a single machine and for tests. Concurrent requests (one per in-flight
+episode) are micro-batched: the first waiting request opens a short window, up to
+``max_batch_size`` requests are left-padded into one batch and decoded together with a KV cache by
+a sampling loop that applies each request's own temperature / top-k / top-p / min-p / seed /
+``max_tokens`` / stop tokens. Generation runs in a worker thread so the event loop stays free.
+
+Logprobs are log-softmax of the raw logits at each sampled position (vLLM's default semantics).
+``model`` may be a live ``nn.Module`` that a trainer is updating: rollouts then always come from the
+current weights. Hold :attr:`HFLocalBackend.lock` while changing weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BackendContextOverflow, BackendError
+from .base import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    request: GenerationRequest
+    future: asyncio.Future[GenerationResult]
+
+
+class HFLocalBackend:
+    """Micro-batched in-process generation.
+
+    Args:
+        model: an ``nn.Module`` causal LM, or a local path loaded with ``AutoModelForCausalLM``
+            (``local_files_only``; no hub download).
+        device: torch device; defaults to the model's device (CUDA if a path is loaded and CUDA exists).
+        max_batch_size: requests decoded together.
+        batch_window_s: how long the first waiting request waits for company.
+        max_context: refuse prompts + max_tokens beyond this (defaults to the model's
+            ``max_position_embeddings``).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str | None = None,
+        dtype: Any = None,
+        max_batch_size: int = 8,
+        batch_window_s: float = 0.005,
+        max_context: int | None = None,
+        pad_token_id: int = 0,
+    ) -> None:
+        import torch
+
+        if isinstance(model, str):
+            from transformers import AutoModelForCausalLM
+
+            target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            model = AutoModelForCausalLM.from_pretrained(model, local_files_only=True, dtype=dtype or "auto")
+            model.to(target)
+        self.model = model
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.pad_token_id = pad_token_id
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.lock = threading.Lock()
+        """Held while a batch decodes; a trainer holds it while updating weights."""
+        self._queues: dict[int, asyncio.Queue[_Pending]] = {}
+        self._workers: dict[int, asyncio.Task[None]] = {}
+        self.batches = 0
+        self.tokens_generated = 0
+
+    def describe(self) -> str:
+        name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
+        return f"hf-local({name}, {self.device})"
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if len(request.prompt_ids) + request.max_tokens > self.max_context:
+            raise BackendContextOverflow(
+                f"prompt ({len(request.prompt_ids)}) + max_tokens ({request.max_tokens}) exceeds the model's "
+                f"context of {self.max_context} tokens"
+            )
+        if any(t >= self.vocab_size for t in request.prompt_ids):
+            raise BackendError("prompt contains token ids outside the model's vocabulary")
+        loop = asyncio.get_running_loop()
+        key = id(loop)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = asyncio.Queue()
+        worker = self._workers.get(key)
+        if worker is None or worker.done():
+            self._workers[key] = loop.create_task(self._batcher(queue))
+        future: asyncio.Future[GenerationResult] = loop.create_future()
+        await queue.put(_Pending(request, future))
+        return await future
+
+    async def _batcher(self, queue: asyncio.Queue[_Pending]) -> None:
+        while True:
+            first = await queue.get()
+            batch = [first]
+            deadline = time.monotonic() + self.batch_window_s
+            while len(batch) < self.max_batch_size:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), timeout))
+                except (TimeoutError, asyncio.TimeoutError):
+                    break
+            live = [p for p in batch if not p.future.cancelled()]
+            if not live:
+                continue
+            try:
+                results = await asyncio.to_thread(self._decode_batch, [p.request for p in live])
+            except Exception as exc:  # a failed batch fails its requests, never the batcher
+                logger.exception("local generation failed")
+                for p in live:
+                    if not p.future.done():
+                        p.future.set_exception(BackendError(f"local generation failed: {exc}"))
+                continue
+            for p, result in zip(live, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(result)
+
+    # -- decoding (worker thread) --------------------------------------------------------
+    def _decode_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        import torch
+
+        with self.lock, torch.inference_mode():
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                return self._decode(requests)
+            finally:
+                if was_training:
+                    self.model.train()
+
+    def _decode(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        import torch
+
+        n = len(requests)
+        width = max(len(r.prompt_ids) for r in requests)
+        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            input_ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attention[i, width - len(r.prompt_ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        generators = []
+        for r in requests:
+            if r.sampling.seed is not None:
+                g = torch.Generator(device="cpu")
+                g.manual_seed(int(r.sampling.seed))
+                generators.append(g)
+            else:
+                generators.append(None)
+        stops = [set(r.stop_token_ids) for r in requests]
+        budgets = [r.max_tokens for r in requests]
+        out_ids: list[list[int]] = [[] for _ in requests]
+        out_lp: list[list[float]] = [[] for _ in requests]
+        finished = [False] * n
+        finish = [FINISH_LENGTH] * n
+        seen = [set(r.prompt_ids) for r in requests]
+
+        output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        past = output.past_key_values
+        logits = output.logits[:, -1, :]
+        last_pos = positions[:, -1]
+        for _ in range(max(budgets)):
+            raw_logits = logits.float().cpu()
+            raw = torch.log_softmax(raw_logits, dim=-1)
+            next_tokens = []
+            for i, r in enumerate(requests):
+                if finished[i]:
+                    next_tokens.append(self.pad_token_id)
+                    continue
+                token = _sample(raw_logits[i], r.sampling, generators[i], seen[i])
+                out_ids[i].append(token)
+                out_lp[i].append(float(raw[i, token]))
+                seen[i].add(token)
+                if token in stops[i]:
+                    finished[i], finish[i] = True, FINISH_STOP
+                elif len(out_ids[i]) >= budgets[i]:
+                    finished[i] = True
+                next_tokens.append(token)
+            if all(finished):
+                break
+            step = torch.tensor(next_tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
+            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=-1)
+            last_pos = last_pos + 1
+            output = self.model(
+                input_ids=step,
+                attention_mask=attention,
+                position_ids=last_pos.unsqueeze(-1),
+                past_key_values=past,
+                use_cache=True,
+            )
+            past = output.past_key_values
+            logits = output.logits[:, -1, :]
+        self.batches += 1
+        self.tokens_generated += sum(len(x) for x in out_ids)
+        return [
+            GenerationResult(
+                token_ids=out_ids[i],
+                logprobs=out_lp[i] if r.sampling.logprobs else None,
+                finish_reason=finish[i],
+                server=self.describe(),
+            )
+            for i, r in enumerate(requests)
+        ]
+
+
+def _sample(raw_logits: Any, sampling: Any, generator: Any, seen: set[int]) -> int:
+    """Sample one token id from a row of raw logits with the request's processing."""
+    import torch
+
+    logits = raw_logits.clone()
+    if sampling.repetition_penalty != 1.0 and seen:
+        idx = torch.tensor(sorted(seen), dtype=torch.long)
+        vals = logits[idx]
+        logits[idx] = torch.where(vals > 0, vals / sampling.repetition_penalty, vals * sampling.repetition_penalty)
+    if sampling.temperature == 0:
+        return int(torch.argmax(logits))
+    logits = logits / sampling.temperature
+    if sampling.top_k > 0 and sampling.top_k < logits.numel():
+        kth = torch.topk(logits, sampling.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if sampling.min_p > 0:
+        probs = probs.masked_fill(probs < sampling.min_p * probs.max(), 0.0)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        drop = cumulative - sorted_probs > sampling.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    probs = probs / probs.sum()
+    return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,221 @@
+"""Run one episode: dataset row -> env (tools + reward) -> Strands agent with the token model -> Episode.
+
+:func:`run_episode` is the single place where an episode is driven. The CLI, the worker pool and the
+rLLM engine adapter all call it, so every path produces the same typed, checked record:
+
+* every failure becomes a :class:`~agentboost.types.Termination` (never an exception out of here,
+  except cancellation of the caller);
+* the token invariant is checked on every episode; a violation is an ``infra_error``;
+* terminations in ``settings.masked_terminations`` get reward 0 and an all-zero loss mask, and are
+  still returned (never dropped);
+* the reward function runs with a timeout; if it fails the episode is ``infra_error`` and masked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import __version__
+from .agents.strands_agent import StrandsAgent
+from .backends.base import GenerationBackend, describe_backend
+from .chat.template import ChatTemplate
+from .environments.strands_env import StrandsEnv
+from .episode import Episode
+from .errors import termination_of
+from .model import TokenModel
+from .types import DEFAULT_MASKED_TERMINATIONS, Budget, SamplingParams, Termination
+
+logger = logging.getLogger(__name__)
+
+_TIMEOUT_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How episodes are sampled, bounded and masked."""
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    budget: Budget = field(default_factory=Budget)
+    masked_terminations: frozenset[Termination] = DEFAULT_MASKED_TERMINATIONS
+    mask_truncated: bool = False
+    """Also mask ``max_tokens`` / ``max_turns`` episodes (DAPO-style overlong filtering)."""
+
+    def is_masked(self, termination: Termination) -> bool:
+        if termination in self.masked_terminations:
+            return True
+        return self.mask_truncated and termination in (Termination.MAX_TOKENS, Termination.MAX_TURNS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sampling": self.sampling.to_dict(),
+            "budget": self.budget.to_dict(),
+            "masked_terminations": sorted(t.value for t in self.masked_terminations),
+            "mask_truncated": self.mask_truncated,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> RolloutSettings:
+        data = data or {}
+        masked = data.get("masked_terminations")
+        return cls(
+            sampling=SamplingParams.from_dict(data.get("sampling")),
+            budget=Budget.from_dict(data.get("budget")),
+            masked_terminations=(
+                frozenset(Termination(t) for t in masked) if masked is not None else DEFAULT_MASKED_TERMINATIONS
+            ),
+            mask_truncated=bool(data.get("mask_truncated", False)),
+        )
+
+
+def _stop_reason_termination(stop_reason: str) -> tuple[Termination, str]:
+    if stop_reason in ("end_turn", "stop_sequence"):
+        return Termination.COMPLETED, ""
+    if stop_reason in ("max_tokens", "limit_output_tokens"):
+        return Termination.MAX_TOKENS, f"stop_reason={stop_reason}"
+    if stop_reason in ("limit_turns",):
+        return Termination.MAX_TURNS, f"stop_reason={stop_reason}"
+    if stop_reason in ("limit_total_tokens",):
+        return Termination.CONTEXT_OVERFLOW, f"stop_reason={stop_reason}"
+    return Termination.INFRA_ERROR, f"the agent stopped with stop_reason={stop_reason!r}"
+
+
+def _exception_termination(exc: BaseException) -> tuple[Termination, str]:
+    from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MaxTokensReachedException):
+            return Termination.MAX_TOKENS, "a generation reached max_tokens"
+        if isinstance(current, ContextWindowOverflowException):
+            return Termination.CONTEXT_OVERFLOW, str(current)
+        if isinstance(current, RecursionError):
+            return Termination.INFRA_ERROR, "RecursionError in the Strands event loop (raise max recursion depth)"
+        current = current.__cause__ or current.__context__
+    return termination_of(exc)
+
+
+def _check_messages(episode: Episode) -> None:
+    for call in episode.calls:
+        index = call.message_index
+        if not (0 <= index < len(episode.messages)) or episode.messages[index].get("role") != "assistant":
+            raise ValueError(f"call {call.index}: its response is not in the message history at position {index}")
+
+
+async def run_episode(
+    env: StrandsEnv,
+    agent: StrandsAgent,
+    backend: GenerationBackend,
+    template: ChatTemplate,
+    settings: RolloutSettings | None = None,
+    *,
+    episode_id: str | None = None,
+    group_id: str | None = None,
+    task_id: str | None = None,
+) -> Episode:
+    """Run one episode to completion and return its checked, scored record."""
+    settings = settings or RolloutSettings()
+    budget = settings.budget
+    started = time.monotonic()
+    deadline = started + budget.wall_clock_s
+    model = TokenModel(
+        backend,
+        template,
+        sampling=settings.sampling,
+        budget=budget,
+        episode_id=episode_id or uuid.uuid4().hex,
+        group_id=group_id,
+    )
+    model.start_clock(deadline)
+    episode = model.episode
+    episode.task_id = task_id
+    termination, detail = Termination.INFRA_ERROR, ""
+    strands_agent: Any = None
+    if budget.max_turns > 150 and sys.getrecursionlimit() < 10_000:
+        sys.setrecursionlimit(10_000)  # the Strands event loop recurses once per model call
+    try:
+        observation, info = await asyncio.to_thread(env.reset)
+        agent.reset()
+        agent.update_from_env(observation, 0.0, False, info)
+        strands_agent = agent.build_agent(model, env.tools, env.task)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        result = await asyncio.wait_for(
+            strands_agent.invoke_async(env.initial_prompt()), timeout=remaining + _TIMEOUT_GRACE_S
+        )
+        termination, detail = _stop_reason_termination(str(result.stop_reason))
+    except (TimeoutError, asyncio.TimeoutError):
+        termination, detail = Termination.TIMEOUT, f"wall-clock budget of {budget.wall_clock_s}s used up"
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        termination, detail = _exception_termination(exc)
+        if termination is Termination.INFRA_ERROR:
+            logger.warning("episode %s failed: %s", episode.id, detail, exc_info=logger.isEnabledFor(logging.DEBUG))
+    rollout_done = time.monotonic()
+
+    if strands_agent is not None:
+        episode.messages = [dict(m) for m in strands_agent.messages]
+    try:
+        episode.check_invariants()
+        _check_messages(episode)
+    except ValueError as exc:
+        termination, detail = Termination.INFRA_ERROR, f"trajectory invariant violated: {exc}"
+        logger.error("episode %s: %s", episode.id, detail)
+
+    reward_s = 0.0
+    if settings.is_masked(termination):
+        episode.masked = True
+    else:
+        reward_started = time.monotonic()
+        try:
+            output = await asyncio.wait_for(env.compute_reward(episode), timeout=budget.reward_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError):
+            termination = Termination.INFRA_ERROR
+            detail = f"reward function timed out after {budget.reward_timeout_s}s"
+            episode.masked = True
+        except Exception as exc:
+            termination, detail = Termination.INFRA_ERROR, f"reward function failed: {type(exc).__name__}: {exc}"
+            episode.masked = True
+            logger.warning("episode %s: %s", episode.id, detail)
+        else:
+            episode.reward = float(output.reward)
+            episode.reward_metrics = dict(output.metrics)
+            episode.is_correct = output.is_correct
+        reward_s = time.monotonic() - reward_started
+
+    episode.termination, episode.termination_detail = termination, detail
+    episode.timings = {
+        "wall_s": time.monotonic() - started,
+        "rollout_s": rollout_done - started,
+        "model_s": model.model_time_s,
+        "tool_s": sum(t.total_time_s for t in episode.tools.values()),
+        "reward_s": reward_s,
+    }
+    episode.metadata.update(
+        {
+            "agentboost": __version__,
+            "backend": describe_backend(backend),
+            "template": template.fingerprint,
+            "tool_parser": template.parser.name,
+            "settings": settings.to_dict(),
+            "synthetic_messages": model.synthetic_messages,
+            "validation": env.validation,
+        }
+    )
+    agent.record(episode, system_prompt=getattr(strands_agent, "system_prompt", None))
+    try:
+        env.close()
+    except Exception:
+        logger.exception("env.close() failed for episode %s", episode.id)
+    return episode

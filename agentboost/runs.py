@@ -1,0 +1,178 @@
+"""Serialisable episode specifications and running many of them concurrently in one process.
+
+An :class:`EpisodeSpec` is plain data (JSON/pickle-able): the dataset row, which environment and
+agent to build (import references), which model to talk to (:class:`ModelSpec`) and the rollout
+settings. :func:`run_spec` turns one into an :class:`Episode` — every failure, including a row that
+cannot even be turned into an environment, comes back as a typed, masked episode. The CLI, the
+evaluator and the worker pool all go through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .agents.strands_agent import StrandsAgent
+from .backends.factory import ModelSpec, build_model
+from .episode import Episode
+from .rollout import RolloutSettings, run_episode
+from .types import Termination
+from .utils.refs import resolve
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENV = "agentboost.environments.strands_env:StrandsEnv"
+
+
+@dataclass
+class AgentSpec:
+    """Which environment class and which Strands agent to build for a row."""
+
+    env: str = DEFAULT_ENV
+    env_args: dict[str, Any] = field(default_factory=dict)
+    agent_factory: str | None = None
+    system_prompt: str | None = None
+    agent_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AgentSpec:
+        return cls(**data)
+
+
+@dataclass
+class EpisodeSpec:
+    row: dict[str, Any]
+    agent: AgentSpec
+    model: ModelSpec
+    settings: dict[str, Any] = field(default_factory=dict)
+    episode_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    task_id: str | None = None
+    group_id: str | None = None
+    sample_index: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "row": self.row,
+            "agent": self.agent.to_dict(),
+            "model": self.model.to_dict(),
+            "settings": self.settings,
+            "episode_id": self.episode_id,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "sample_index": self.sample_index,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpisodeSpec:
+        return cls(
+            row=data["row"],
+            agent=AgentSpec.from_dict(data["agent"]),
+            model=ModelSpec.from_dict(data["model"]),
+            settings=data.get("settings", {}),
+            episode_id=data["episode_id"],
+            task_id=data.get("task_id"),
+            group_id=data.get("group_id"),
+            sample_index=int(data.get("sample_index", 0)),
+        )
+
+
+def failed_episode(spec: EpisodeSpec, termination: Termination, detail: str, **timings: float) -> Episode:
+    """The record of an episode that could not run (or whose runner died): reward 0, masked."""
+    episode = Episode(id=spec.episode_id, task_id=spec.task_id, termination=termination, termination_detail=detail)
+    episode.masked = True
+    episode.timings = dict(timings)
+    episode.metadata = {"group_id": spec.group_id, "sample_index": spec.sample_index, "failed_before_rollout": True}
+    return episode
+
+
+async def run_spec(spec: EpisodeSpec) -> Episode:
+    """Build env, agent and model from ``spec`` and run the episode. Never raises (but for cancellation)."""
+    started = time.monotonic()
+    try:
+        backend, template = await asyncio.to_thread(build_model, spec.model)
+        env_cls = resolve(spec.agent.env)
+        env = env_cls.from_dict({**spec.row, **spec.agent.env_args})
+        agent = StrandsAgent(
+            agent_factory=spec.agent.agent_factory,
+            system_prompt=spec.agent.system_prompt,
+            **spec.agent.agent_kwargs,
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        logger.warning("episode %s: cannot build its environment/agent: %s", spec.episode_id, exc)
+        return failed_episode(
+            spec,
+            Termination.INFRA_ERROR,
+            f"setup failed: {type(exc).__name__}: {exc}",
+            wall_s=time.monotonic() - started,
+        )
+    episode = await run_episode(
+        env,
+        agent,
+        backend,
+        template,
+        RolloutSettings.from_dict(spec.settings),
+        episode_id=spec.episode_id,
+        group_id=spec.group_id,
+        task_id=spec.task_id,
+    )
+    episode.metadata.update({"group_id": spec.group_id, "sample_index": spec.sample_index})
+    return episode
+
+
+async def run_many(
+    specs: Iterable[EpisodeSpec],
+    *,
+    concurrency: int = 32,
+    on_done: Callable[[Episode], Awaitable[None] | None] | None = None,
+) -> list[Episode]:
+    """Run specs in this process with at most ``concurrency`` in flight; results in completion order."""
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+    results: list[Episode] = []
+
+    async def one(spec: EpisodeSpec) -> None:
+        async with semaphore:
+            episode = await run_spec(spec)
+        results.append(episode)
+        if on_done is not None:
+            maybe = on_done(episode)
+            if asyncio.iscoroutine(maybe):
+                await maybe
+
+    await asyncio.gather(*(one(s) for s in specs))
+    return results
+
+
+def expand(
+    rows: list[dict[str, Any]],
+    agent: AgentSpec,
+    model: ModelSpec,
+    settings: RolloutSettings,
+    *,
+    n: int = 1,
+    task_ids: list[str] | None = None,
+) -> list[EpisodeSpec]:
+    """``n`` specs per row (one GRPO group per row), ids ``{task_id}:{sample}``."""
+    from .data import task_id_of
+
+    specs = []
+    settings_dict = settings.to_dict()
+    for i, row in enumerate(rows):
+        task_id = task_ids[i] if task_ids else task_id_of(row, i)
+        for k in range(n):
+            specs.append(
+                EpisodeSpec(
+                    row=row, agent=agent, model=model, settings=settings_dict,
+                    episode_id=f"{task_id}:{k}", task_id=task_id, group_id=task_id, sample_index=k,
+                )
+            )  # fmt: skip
+    return specs

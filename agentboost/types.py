@@ -1,0 +1,142 @@
+"""Small value types shared by every layer: termination reasons, sampling parameters, budgets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Termination(str, Enum):
+    """Why an episode ended. Every episode ends with exactly one of these."""
+
+    COMPLETED = "completed"
+    """The agent finished on its own (final answer without tool calls)."""
+    MAX_TURNS = "max_turns"
+    """The model-call budget was used up; the episode stops at a message boundary."""
+    MAX_TOKENS = "max_tokens"
+    """A generation was cut by ``max_tokens`` (per-call cap or the remaining token budget): truncated."""
+    CONTEXT_OVERFLOW = "context_overflow"
+    """The next prompt no longer fits the context/response budget or the server rejected its length."""
+    TIMEOUT = "timeout"
+    """The episode's wall-clock budget ran out."""
+    TOOL_ERROR = "tool_error"
+    """A tool failed fatally or the tool-error budget was exceeded."""
+    INFRA_ERROR = "infra_error"
+    """Anything that is not the policy's doing: server errors, crashes, broken invariants."""
+
+    @property
+    def is_failure(self) -> bool:
+        """Terminations that say nothing about the policy's quality (masked by default)."""
+        return self in _FAILURES
+
+
+_FAILURES = frozenset(
+    {Termination.CONTEXT_OVERFLOW, Termination.TIMEOUT, Termination.TOOL_ERROR, Termination.INFRA_ERROR}
+)
+
+DEFAULT_MASKED_TERMINATIONS: frozenset[Termination] = _FAILURES
+"""Episodes ending like this get reward 0 and an all-zero loss mask (they stay in the batch)."""
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    unknown = set(changes) - {f.name for f in dataclasses.fields(obj)}
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no field(s) {sorted(unknown)}")
+    return dataclasses.replace(obj, **changes)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings sent with every generation request of an episode.
+
+    ``logprobs`` asks the backend for the log-probability of each sampled token (vLLM's default
+    semantics: log-softmax of the raw logits, before temperature/top-p processing).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    logprobs: bool = True
+    max_tokens_per_call: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.max_tokens_per_call is not None and self.max_tokens_per_call < 1:
+            raise ValueError("max_tokens_per_call must be >= 1")
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return _replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
+        return cls(**(data or {}))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-episode limits. Every wait and every length is capped.
+
+    * ``max_turns``: model calls per episode.
+    * ``max_total_tokens``: prompt + response tokens of the whole episode (the context window the
+      trainer and the server must hold). Each call's ``max_tokens`` is the remaining budget.
+    * ``max_prompt_tokens``: cap on the initial prompt (rLLM's ``data.max_prompt_length``).
+    * ``max_response_tokens``: cap on everything after the initial prompt, model and tool tokens
+      together (rLLM's ``data.max_response_length``).
+    * ``wall_clock_s``: the whole episode, tools included. ``reward_timeout_s``: the reward function.
+    * ``max_tool_errors``: failed tool calls (incl. unparseable calls) before ``tool_error``.
+    """
+
+    max_turns: int = 16
+    max_total_tokens: int = 32768
+    max_prompt_tokens: int | None = None
+    max_response_tokens: int | None = None
+    wall_clock_s: float = 600.0
+    reward_timeout_s: float = 60.0
+    max_tool_errors: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError("max_turns must be >= 1")
+        if self.max_total_tokens < 2:
+            raise ValueError("max_total_tokens must be >= 2")
+        for name in ("max_prompt_tokens", "max_response_tokens", "max_tool_errors"):
+            value = getattr(self, name)
+            if value is not None and value < (0 if name == "max_tool_errors" else 1):
+                raise ValueError(f"{name} must be positive, got {value}")
+        if self.wall_clock_s <= 0 or self.reward_timeout_s <= 0:
+            raise ValueError("timeouts must be positive")
+
+    def replace(self, **changes: Any) -> Budget:
+        return _replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Budget:
+        return cls(**(data or {}))
+
+
+@dataclass(frozen=True)
+class RewardOutput:
+    """What a reward function returns (a bare float is accepted too)."""
+
+    reward: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    is_correct: bool | None = None
+    info: dict[str, Any] = field(default_factory=dict)
