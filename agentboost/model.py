@@ -104,6 +104,7 @@ class TokenModel(Model):
         self._deadline = time.monotonic() + self.budget.wall_clock_s
         self._call_errors: dict[str, str] = {}
         self._cancelled_calls: set[str] = set()
+        self._pending_stop: EpisodeStop | None = None
         self.synthetic_messages = 0
         self.model_time_s = 0.0
 
@@ -176,6 +177,8 @@ class TokenModel(Model):
         cancel_signal: threading.Event | None,
     ) -> tuple[GenerationResult | None, list[dict[str, Any]]]:
         call_index = len(self.episode.calls)
+        if self._pending_stop is not None:
+            raise self._pending_stop
         if call_index >= self.budget.max_turns:
             raise EpisodeStop(Termination.MAX_TURNS, f"max_turns={self.budget.max_turns} reached")
         remaining_s = self._deadline - time.monotonic()
@@ -387,7 +390,11 @@ class TokenModel(Model):
 class TrajectoryHooks(HookProvider):
     """Strands hooks that belong to a :class:`TokenModel`: turn parse errors and unknown tools into
     error results, count tool calls and errors per tool, enforce the tool-error budget, and end the
-    episode on :class:`~agentboost.errors.ToolFatalError`."""
+    episode on :class:`~agentboost.errors.ToolFatalError`.
+
+    Stops requested by tools are not raised inside the hook (Strands would turn that into one more
+    error result); the model raises them at its next call, right after the tool batch, which is a
+    clean message boundary."""
 
     def __init__(self, model: TokenModel) -> None:
         self.model = model
@@ -418,13 +425,18 @@ class TrajectoryHooks(HookProvider):
             stats.total_time_s += float(event.duration or 0.0)
             if event.result.get("status") == "error" or event.exception is not None:
                 stats.errors += 1
+        if self.model._pending_stop is not None:
+            return
         if isinstance(event.exception, ToolFatalError):
-            raise EpisodeStop(Termination.TOOL_ERROR, f"tool {event.tool_use.get('name')!r} failed: {event.exception}")
+            name = event.tool_use.get("name")
+            self.model._pending_stop = EpisodeStop(Termination.TOOL_ERROR, f"tool {name!r} failed: {event.exception}")
+            return
         limit = self.model.budget.max_tool_errors
         if limit is not None:
             failed = episode.tool_errors + episode.parse_errors + episode.unknown_tool_calls
             if failed > limit:
-                raise EpisodeStop(Termination.TOOL_ERROR, f"{failed} failed tool calls > max_tool_errors={limit}")
+                detail = f"{failed} failed tool calls > max_tool_errors={limit}"
+                self.model._pending_stop = EpisodeStop(Termination.TOOL_ERROR, detail)
 
 
 def _system_text(system_prompt: str | None, content: list[dict[str, Any]] | None) -> str | None:

@@ -145,13 +145,16 @@ async def run_episode(
         agent.reset()
         agent.update_from_env(observation, 0.0, False, info)
         strands_agent = agent.build_agent(model, env.tools, env.task)
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        result = await asyncio.wait_for(
-            strands_agent.invoke_async(env.initial_prompt()), timeout=remaining + _TIMEOUT_GRACE_S
-        )
-        termination, detail = _stop_reason_termination(str(result.stop_reason))
+        prompt: str | None = env.initial_prompt()
+        while prompt is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            result = await asyncio.wait_for(strands_agent.invoke_async(prompt), timeout=remaining + _TIMEOUT_GRACE_S)
+            termination, detail = _stop_reason_termination(str(result.stop_reason))
+            if termination is not Termination.COMPLETED:
+                break
+            prompt = await env.next_user_message(strands_agent.messages)
     except (TimeoutError, asyncio.TimeoutError):
         termination, detail = Termination.TIMEOUT, f"wall-clock budget of {budget.wall_clock_s}s used up"
     except asyncio.CancelledError:
@@ -168,8 +171,11 @@ async def run_episode(
         episode.check_invariants()
         _check_messages(episode)
     except ValueError as exc:
-        termination, detail = Termination.INFRA_ERROR, f"trajectory invariant violated: {exc}"
-        logger.error("episode %s: %s", episode.id, detail)
+        violation = f"trajectory invariant violated: {exc}"
+        logger.error("episode %s: %s", episode.id, violation)
+        # Keep the first cause when the episode already failed for a reason that explains it.
+        detail = f"{detail}; {violation}" if termination is Termination.INFRA_ERROR and detail else violation
+        termination = Termination.INFRA_ERROR
 
     reward_s = 0.0
     if settings.is_masked(termination):

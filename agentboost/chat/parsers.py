@@ -7,7 +7,9 @@ well-formed or it is reported as an error that the agent sees as a tool result (
   prefill ``<think>`` in the generation prompt produce output with only the closing tag; an output
   whose reasoning never closes has no answer and no calls.
 * ``hermes`` (Qwen2.5, Qwen3, Qwen3-2507, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-  blocks anywhere in the answer.
+  blocks anywhere in the answer. A block ends at the first ``</tool_call>`` (so that literal cannot
+  appear inside arguments; such a call is reported as invalid JSON).
+* Reasoning ends at the first ``</think>`` (vLLM's Qwen3 reasoning parser does the same).
 * ``llama3_json`` (Llama 3.1+): the whole answer is one JSON object ``{"name": ..., "parameters": {...}}``
   (optionally after ``<|python_tag|>``), or several separated by ``;``.
 """
@@ -93,7 +95,10 @@ def _strict_object(text: str) -> Any:
     def no_constants(name: str) -> Any:
         raise ValueError(f"non-finite number {name} is not JSON")
 
-    return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def _validate_call(obj: Any, raw: str, args_key: str, alt_key: str | None = None) -> ParsedCall:
@@ -159,9 +164,6 @@ class HermesParser:
             body = answer[body_start:end]
             raw = answer[start : end + len(self.close_tag)]
             pos = end + len(self.close_tag)
-            if self.open_tag in body:
-                calls.append(ParsedCall(_guess_name(body), None, raw, f"nested {self.open_tag}"))
-                continue
             try:
                 obj = _strict_object(body)
             except ValueError as exc:
@@ -189,7 +191,7 @@ class Llama3JsonParser:
         while pos < len(text):
             try:
                 _, end = decoder.raw_decode(text, pos)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raw = text[pos:]
                 calls.append(ParsedCall(_guess_name(raw), None, raw, f"invalid JSON in tool call: {exc}"))
                 break

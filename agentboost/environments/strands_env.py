@@ -11,7 +11,9 @@ A row (``extra_info`` of rLLM's verl parquet, merged with ``env_args``) may carr
   with state (a sandbox, a database) are fresh per episode;
 * ``reward_fn``: ``reward_fn(task, episode) -> float | RewardOutput`` (sync or async), or a reference;
 * ``prompt_key``: which task field holds the user prompt (default: the first of ``prompt``,
-  ``question``, ``instruction``, ``query`` that is present).
+  ``question``, ``instruction``, ``query`` that is present);
+* ``followups``: further user turns, sent one by one each time the agent finishes its turn
+  (subclasses can instead implement :meth:`StrandsEnv.next_user_message`, e.g. a user simulator).
 
 Everything else is the task and is passed to the tools factory, the agent factory and the reward.
 """
@@ -69,6 +71,7 @@ class StrandsEnv(BaseEnv):
         self.prompt_key = prompt_key
         self.validation = bool(validation)
         self.tools: list[Any] = []
+        self._followups: list[str] = []
 
     @classmethod
     def from_dict(cls, info: dict[str, Any]) -> StrandsEnv:  # type: ignore[override]
@@ -111,9 +114,17 @@ class StrandsEnv(BaseEnv):
 
     def reset(self) -> tuple[dict[str, Any], dict[str, Any]]:
         self.tools = self.make_tools()
+        followups = self.task.get("followups") or []
+        if not isinstance(followups, list) or not all(isinstance(f, str) for f in followups):
+            raise TypeError("task field 'followups' must be a list of strings")
+        self._followups = list(followups)
         observation = dict(self.task)
         observation.setdefault("prompt", self.initial_prompt())
         return observation, {"validation": self.validation}
+
+    async def next_user_message(self, messages: list[dict[str, Any]]) -> str | None:
+        """The next user turn after the agent finished its turn, or None to end the episode."""
+        return self._followups.pop(0) if self._followups else None
 
     async def compute_reward(self, episode: Episode) -> RewardOutput:
         """Score a finished episode (the runner applies the timeout and handles errors)."""

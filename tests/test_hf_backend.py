@@ -1,0 +1,93 @@
+"""The in-process transformers backend on a real (tiny, randomly initialised) Qwen2 model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentboost.backends.base import GenerationRequest  # noqa: E402
+from agentboost.backends.hf_local import HFLocalBackend  # noqa: E402
+from agentboost.errors import BackendContextOverflow  # noqa: E402
+from agentboost.offline.tiny_model import build_tiny_qwen2  # noqa: E402
+from agentboost.types import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_qwen2(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
+
+
+def _req(prompt, *, max_tokens=12, temperature=0.0, seed=None, stops=(), rid="r"):
+    return GenerationRequest(
+        prompt_ids=list(prompt), sampling=SamplingParams(temperature=temperature, seed=seed),
+        max_tokens=max_tokens, request_id=rid, stop_token_ids=tuple(stops),
+    )  # fmt: skip
+
+
+def _gen(backend, requests):
+    async def go():
+        return await asyncio.gather(*(backend.generate(r) for r in requests))
+
+    return asyncio.run(go())
+
+
+def test_batched_greedy_equals_single(tiny) -> None:
+    model, tok = tiny
+    prompts = [tok.encode("Hello there"), tok.encode("A much longer prompt with several more tokens in it"), [5, 6]]
+    single = [_gen(HFLocalBackend(model, max_batch_size=1), [_req(p)])[0].token_ids for p in prompts]
+    backend = HFLocalBackend(model, max_batch_size=8, batch_window_s=0.05)
+    batched = [r.token_ids for r in _gen(backend, [_req(p, rid=str(i)) for i, p in enumerate(prompts)])]
+    assert batched == single
+    assert backend.batches == 1
+
+
+def test_logprobs_are_the_models_raw_logprobs(tiny) -> None:
+    model, tok = tiny
+    prompt = tok.encode("Check the logprobs")
+    result = _gen(HFLocalBackend(model), [_req(prompt, temperature=1.0, seed=3, max_tokens=8)])[0]
+    assert len(result.logprobs) == len(result.token_ids) == 8
+    full = torch.tensor([prompt + result.token_ids])
+    with torch.no_grad():
+        logits = model(full).logits[0].float()
+    ref = torch.log_softmax(logits, -1)
+    for i, token in enumerate(result.token_ids):
+        assert result.logprobs[i] == pytest.approx(float(ref[len(prompt) - 1 + i, token]), abs=1e-4)
+
+
+def test_seeds_reproduce_and_stops_and_budgets_apply(tiny) -> None:
+    model, tok = tiny
+    backend = HFLocalBackend(model)
+    prompt = tok.encode("seeded sampling")
+    a = _gen(backend, [_req(prompt, temperature=1.0, seed=11, max_tokens=10)])[0]
+    b = _gen(backend, [_req(prompt, temperature=1.0, seed=11, max_tokens=10)])[0]
+    assert a.token_ids == b.token_ids and a.finish_reason == "length" and len(a.token_ids) == 10
+    stop = a.token_ids[3]
+    c = _gen(backend, [_req(prompt, temperature=1.0, seed=11, max_tokens=10, stops=[stop])])[0]
+    first = a.token_ids.index(stop)
+    assert c.token_ids == a.token_ids[: first + 1] and c.finish_reason == "stop"
+
+
+def test_rollouts_come_from_the_current_weights(tiny) -> None:
+    model, tok = tiny
+    backend = HFLocalBackend(model)
+    prompt = tok.encode("policy freshness")
+    before = _gen(backend, [_req(prompt, max_tokens=6)])[0].token_ids
+    with backend.lock, torch.no_grad():
+        saved = model.model.norm.weight.clone()
+        model.model.norm.weight.mul_(-3.0)
+    try:
+        after = _gen(backend, [_req(prompt, max_tokens=6)])[0].token_ids
+    finally:
+        with torch.no_grad():
+            model.model.norm.weight.copy_(saved)
+    assert before != after
+
+
+def test_context_overflow(tiny) -> None:
+    model, _ = tiny
+    backend = HFLocalBackend(model, max_context=64)
+    with pytest.raises(BackendContextOverflow):
+        _gen(backend, [_req(list(range(60)), max_tokens=10)])
