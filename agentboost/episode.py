@@ -86,6 +86,8 @@ class ModelCall:
 class ToolStats:
     calls: int = 0
     errors: int = 0
+    timeouts: int = 0
+    truncated: int = 0
     total_time_s: float = 0.0
 
 

@@ -24,6 +24,7 @@ raised instead of being silently trained on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -33,6 +34,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
+from strands.middleware import ToolResultEvent
 from strands.models.model import Model
 
 from .backends.base import FINISH_LENGTH, FINISH_STOP, GenerationBackend, GenerationRequest, GenerationResult
@@ -437,6 +439,99 @@ class TrajectoryHooks(HookProvider):
             if failed > limit:
                 detail = f"{failed} failed tool calls > max_tool_errors={limit}"
                 self.model._pending_stop = EpisodeStop(Termination.TOOL_ERROR, detail)
+
+
+def tool_limits_middleware(model: TokenModel) -> Any:
+    """A Strands ``ExecuteToolStage`` middleware enforcing the budget's per-call tool timeout and
+    output cap. A timed-out call returns an error result to the agent (the episode goes on); a
+    synchronous tool's thread cannot be killed and is left to finish in the background (the worker
+    pool recycles processes that accumulate such threads)."""
+    timeout_s = model.budget.tool_timeout_s
+    max_chars = model.budget.max_tool_output_chars
+
+    async def limit(context: Any, next_fn: Any) -> AsyncIterator[Any]:
+        name = context.tool_use.get("name", "")
+        stream = next_fn(context).__aiter__()
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        try:
+            while True:
+                # Each step runs in this task (no wait_for task per step): the tool's tracing
+                # spans attach and detach in one context.
+                try:
+                    async with _deadline(deadline):
+                        event = await stream.__anext__()
+                except StopAsyncIteration:
+                    return
+                except (TimeoutError, asyncio.TimeoutError):
+                    model.episode.tools.setdefault(name, ToolStats()).timeouts += 1
+                    text = f"Error: tool {name!r} timed out after {timeout_s:g} s"
+                    tool_use_id = str(context.tool_use.get("toolUseId"))
+                    yield ToolResultEvent({"toolUseId": tool_use_id, "status": "error", "content": [{"text": text}]})
+                    return
+                if isinstance(event, ToolResultEvent) and max_chars is not None:
+                    capped = cap_tool_result(event.tool_result, max_chars)
+                    if capped is not event.tool_result:
+                        model.episode.tools.setdefault(name, ToolStats()).truncated += 1
+                        event = ToolResultEvent(capped, event.exception)
+                yield event
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+
+    return limit
+
+
+@contextlib.asynccontextmanager
+async def _deadline(deadline: float | None) -> AsyncIterator[None]:
+    """Cancel the current task at ``deadline`` (monotonic) and raise ``TimeoutError`` (3.10-compatible
+    ``asyncio.timeout``)."""
+    if deadline is None:
+        yield
+        return
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(remaining):
+            yield
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    fired = False
+
+    def fire() -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    handle = asyncio.get_running_loop().call_later(remaining, fire)
+    try:
+        yield
+    except asyncio.CancelledError:
+        if fired:
+            raise TimeoutError from None
+        raise
+    finally:
+        handle.cancel()
+
+
+def cap_tool_result(result: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """``result`` with its text cut to ``max_chars`` in total (same object if it fits)."""
+    total = 0
+    for item in result.get("content", []):
+        total += len(item["text"]) if "text" in item else len(json.dumps(item.get("json"), ensure_ascii=False))
+    if total <= max_chars:
+        return result
+    kept: list[dict[str, Any]] = []
+    room = max_chars
+    for item in result.get("content", []):
+        text = item["text"] if "text" in item else json.dumps(item.get("json"), ensure_ascii=False)
+        if room <= 0:
+            break
+        kept.append({"text": text[:room]})
+        room -= len(text[:room])
+    kept.append({"text": f"\n[... output truncated: {total - max_chars} more characters]"})
+    return {**result, "content": kept}
 
 
 def _system_text(system_prompt: str | None, content: list[dict[str, Any]] | None) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .agents.strands_agent import StrandsAgent
-from .backends.factory import ModelSpec, build_model
+from .backends.factory import ModelSpec, build_model, cached_model
 from .episode import Episode
 from .rollout import RolloutSettings, run_episode
 from .types import Termination
@@ -97,7 +97,8 @@ async def run_spec(spec: EpisodeSpec) -> Episode:
     """Build env, agent and model from ``spec`` and run the episode. Never raises (but for cancellation)."""
     started = time.monotonic()
     try:
-        backend, template = await asyncio.to_thread(build_model, spec.model)
+        built = cached_model(spec.model) or await asyncio.to_thread(build_model, spec.model)
+        backend, template = built
         env_cls = resolve(spec.agent.env)
         env = env_cls.from_dict({**spec.row, **spec.agent.env_args})
         agent = StrandsAgent(

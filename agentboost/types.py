@@ -99,6 +99,8 @@ class Budget:
       together (rLLM's ``data.max_response_length``).
     * ``wall_clock_s``: the whole episode, tools included. ``reward_timeout_s``: the reward function.
     * ``max_tool_errors``: failed tool calls (incl. unparseable calls) before ``tool_error``.
+    * ``tool_timeout_s``: one tool call; a call past it returns an error result to the agent.
+    * ``max_tool_output_chars``: text kept of one tool result (the rest is cut with a marker).
     """
 
     max_turns: int = 16
@@ -108,17 +110,19 @@ class Budget:
     wall_clock_s: float = 600.0
     reward_timeout_s: float = 60.0
     max_tool_errors: int | None = None
+    tool_timeout_s: float | None = 120.0
+    max_tool_output_chars: int | None = 32_768
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         if self.max_total_tokens < 2:
             raise ValueError("max_total_tokens must be >= 2")
-        for name in ("max_prompt_tokens", "max_response_tokens", "max_tool_errors"):
+        for name in ("max_prompt_tokens", "max_response_tokens", "max_tool_errors", "max_tool_output_chars"):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "max_tool_errors" else 1):
                 raise ValueError(f"{name} must be positive, got {value}")
-        if self.wall_clock_s <= 0 or self.reward_timeout_s <= 0:
+        if self.wall_clock_s <= 0 or self.reward_timeout_s <= 0 or (self.tool_timeout_s or 1) <= 0:
             raise ValueError("timeouts must be positive")
 
     def replace(self, **changes: Any) -> Budget:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
-from strands import Agent
+from strands import Agent, tool
 from strands.hooks import AfterModelCallEvent
 
 from agentboost.agents.strands_agent import StrandsAgent, agent_defaults, check_agent
@@ -266,3 +267,42 @@ def test_backend_error_type_maps_to_infra_error(qwen25_template) -> None:
     episode, _ = run(qwen25_template, [], backend=Failing())
     assert episode.termination is Termination.INFRA_ERROR and "server on fire" in episode.termination_detail
     assert episode.masked
+
+
+@tool
+def chatty(n: int) -> str:
+    """Return n characters.
+
+    Args:
+        n: how many
+    """
+    return "y" * n
+
+
+@tool
+async def dawdle(seconds: float) -> str:
+    """Wait.
+
+    Args:
+        seconds: how long
+    """
+    await asyncio.sleep(seconds)
+    return "finally"
+
+
+def test_tool_output_is_capped_and_slow_calls_time_out(qwen25_template) -> None:
+    texts = [
+        calls_text("hermes", [("chatty", {"n": 50_000}), ("dawdle", {"seconds": 5})]),
+        "20",
+    ]
+    budget = Budget(max_tool_output_chars=1000, tool_timeout_s=0.5)
+    started = time.monotonic()
+    episode, _ = run(qwen25_template, texts, tools=[chatty, dawdle], settings=RolloutSettings(budget=budget))
+    assert time.monotonic() - started < 4
+    assert episode.termination is Termination.COMPLETED  # a slow tool is an error result, not the end
+    results = [b["toolResult"] for m in episode.messages for b in m["content"] if "toolResult" in b]
+    chatty_text = "".join(i["text"] for i in results[0]["content"])
+    assert chatty_text.startswith("y" * 1000) and "output truncated: 49000 more characters" in chatty_text
+    assert results[1]["status"] == "error" and "timed out after 0.5 s" in results[1]["content"][0]["text"]
+    assert episode.tools["chatty"].truncated == 1 and episode.tools["dawdle"].timeouts == 1
+    assert episode.tools["dawdle"].errors == 1

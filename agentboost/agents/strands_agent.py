@@ -107,6 +107,13 @@ class StrandsAgent(BaseAgent):
         hooks = getattr(model, "hooks", None)
         if hooks is not None:
             agent.hooks.add_hook(hooks)
+        budget = getattr(model, "budget", None)
+        if budget is not None and (budget.tool_timeout_s or budget.max_tool_output_chars):
+            from strands.middleware import ExecuteToolStage
+
+            from ..model import tool_limits_middleware
+
+            agent.add_middleware(ExecuteToolStage, tool_limits_middleware(model))
         return agent
 
     # -- rLLM BaseAgent contract ----------------------------------------------------------------

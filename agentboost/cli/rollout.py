@@ -79,6 +79,9 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--n", type=int, default=1, help="episodes per dataset row")
     parser.add_argument("--limit", type=int, default=None, help="use the first N rows (default tasks: 8)")
     parser.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="agent worker processes (0: run episodes in this process)"
+    )
     parser.add_argument("--out", default="runs/rollout", help="output directory")
     add_model_arguments(parser)
     add_rollout_arguments(parser)
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     episodes_path = out / "episodes.jsonl"
-    episodes = asyncio.run(_run(specs, args.concurrency, episodes_path))
+    episodes = asyncio.run(_run(specs, args.concurrency, episodes_path, workers=args.workers))
     summary = summarize(episodes)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     text = markdown(summary, title=f"Rollout summary ({len(episodes)} episodes)")
@@ -138,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(specs: list, concurrency: int, path: Path) -> list:
+async def _run(specs: list, concurrency: int, path: Path, *, workers: int = 0) -> list:
     from tqdm import tqdm
 
     bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr)
@@ -151,6 +154,15 @@ async def _run(specs: list, concurrency: int, path: Path) -> list:
             bar.set_postfix(reward=f"{episode.reward:.2f}", end=episode.termination.value)
 
         try:
-            return await run_many(specs, concurrency=concurrency, on_done=done)
+            if workers <= 0:
+                return await run_many(specs, concurrency=concurrency, on_done=done)
+            from ..agents.strands_process_pool import PoolConfig, StrandsProcessPool
+
+            needs_torch = not specs[0].model.backend.startswith(("http://", "https://", "py:"))
+            config = PoolConfig(workers=workers, max_in_flight=concurrency, torch_in_workers=needs_torch)
+            async with StrandsProcessPool(config) as pool:
+                episodes = await pool.map(specs, on_done=done)
+                logger.info("pool stats: %s", pool.stats())
+                return episodes
         finally:
             bar.close()

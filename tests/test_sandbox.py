@@ -1,0 +1,194 @@
+"""Hostile programs in the sandbox: none succeeds, and the caller survives."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from agentboost.sandbox import Sandbox, SandboxConfig
+from agentboost.sandbox.testcases import PASSED, TIMEOUT, WRONG, TestCase, outputs_match, run_test_cases
+from agentboost.tools.strands_code_tool import format_report, make_code_tool
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    os.environ["AGENTBOOST_FAKE_SECRET"] = "sk-live-0000"
+    box = Sandbox(SandboxConfig(wall_s=5, cpu_s=2, memory_mb=256, max_processes=16))
+    iso = box.isolation()
+    print("sandbox isolation:", iso)
+    return box
+
+
+def run(box, code, stdin="", timeout_s=None):
+    return asyncio.run(box.run(code, stdin=stdin, timeout_s=timeout_s))
+
+
+def need(box, layer: str) -> None:
+    if not box.isolation().get(layer):
+        pytest.skip(f"isolation layer {layer!r} is not available on this machine: {box.isolation()}")
+
+
+def test_runs_programs(sandbox) -> None:
+    result = run(sandbox, "import sys\nprint(sys.stdin.read().upper(), end='')", stdin="hello")
+    assert result.ok and result.stdout == "HELLO"
+
+
+def test_environment_is_scrubbed(sandbox) -> None:
+    result = run(sandbox, "import os\nprint(sorted(os.environ))\nprint(os.environ.get('AGENTBOOST_FAKE_SECRET'))")
+    assert "sk-live" not in result.stdout
+    assert result.stdout.splitlines()[-1] == "None"
+    names = eval(result.stdout.splitlines()[0])
+    assert set(names) <= {"PATH", "HOME", "TMPDIR", "LANG", "PYTHONIOENCODING", "PYTHONDONTWRITEBYTECODE", "LC_CTYPE"}
+
+
+def test_cannot_read_parent_environment(sandbox) -> None:
+    need(sandbox, "unprivileged_uid")
+    code = f"print(open('/proc/{os.getpid()}/environ').read())"
+    result = run(sandbox, code)
+    assert "sk-live" not in result.stdout and result.exit_code != 0
+
+
+def test_cannot_write_outside_its_directory(sandbox, tmp_path) -> None:
+    need(sandbox, "unprivileged_uid")
+    for target in (tmp_path / "owned.txt", Path.cwd() / "owned-by-sandbox.txt", Path.home() / "owned.txt"):
+        result = run(sandbox, f"open({str(target)!r}, 'w').write('x')")
+        assert result.exit_code != 0, target
+        assert "Permission denied" in result.stderr or "No such file or directory" in result.stderr
+        assert not target.exists()
+
+
+def test_private_tmp(sandbox) -> None:
+    need(sandbox, "private_tmp")
+    marker = f"/tmp/agentboost-sandbox-marker-{os.getpid()}"
+    result = run(sandbox, f"open({marker!r}, 'w').write('x')\nprint('wrote')")
+    assert result.ok  # it may write its own private /tmp...
+    assert not os.path.exists(marker)  # ...which is not ours
+
+
+def test_fork_bomb_is_contained(sandbox) -> None:
+    started = time.monotonic()
+    result = run(sandbox, "import os\nwhile True:\n    os.fork()")
+    assert not result.ok and time.monotonic() - started < 6
+    time.sleep(0.2)
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) in range(62000, 62100)]
+    assert leftover == []
+
+
+def test_memory_bomb_is_contained(sandbox) -> None:
+    result = run(sandbox, "x = bytearray(4 * 1024**3)\nprint('allocated')")
+    assert result.exit_code != 0 and "MemoryError" in result.stderr
+
+
+def test_infinite_loop_hits_the_cpu_limit(sandbox) -> None:
+    started = time.monotonic()
+    result = run(sandbox, "while True:\n    pass")
+    assert not result.ok
+    assert result.signal == 24 or result.timed_out  # SIGXCPU after 2 CPU-seconds, or the wall clock
+    assert time.monotonic() - started < 6
+
+
+def test_sleeping_forever_hits_the_wall_clock(sandbox) -> None:
+    result = run(sandbox, "import time\ntime.sleep(100)", timeout_s=1.0)
+    assert result.timed_out and result.exit_code is None
+
+
+def test_no_network(sandbox) -> None:
+    need(sandbox, "network_namespace")
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    result = run(sandbox, code)
+    server.close()
+    assert result.exit_code != 0 and "connected" not in result.stdout
+
+
+def test_cannot_kill_its_parent_or_anything_else(sandbox) -> None:
+    me = os.getpid()
+    code = (
+        "import os, signal\n"
+        "hits = 0\n"
+        f"for pid in [os.getppid(), {me}, 1]:\n"
+        "    try:\n        os.kill(pid, signal.SIGKILL); hits += 1\n"
+        "    except OSError:\n        pass\n"
+        "print(hits)"
+    )
+    result = run(sandbox, code)
+    assert os.getpid() == me  # we are alive
+    if sandbox.isolation().get("unprivileged_uid") or sandbox.isolation().get("pid_namespace"):
+        assert result.stdout.strip() == "0"
+
+
+def test_output_is_capped(sandbox) -> None:
+    result = run(sandbox, "print('x' * 10_000_000)")
+    assert result.ok and result.stdout_truncated and len(result.stdout) == SandboxConfig().stdout_cap
+
+
+def test_daemons_die_with_the_program(sandbox) -> None:
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\nprint('parent done')"
+    result = run(sandbox, code)
+    assert result.ok
+    time.sleep(0.2)
+    leftover = [p for p in os.listdir("/proc") if p.isdigit() and _uid_of(p) in range(62000, 62100)]
+    assert leftover == []
+
+
+def _uid_of(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        return -1
+
+
+# --- test cases and the code tool -------------------------------------------------------
+def test_outputs_match() -> None:
+    assert outputs_match("1 2\n3\n", "1 2   \n3")
+    assert not outputs_match("1 2\n3", "1 2 3")
+    assert outputs_match("0.3333333", "0.33333334", float_tolerance=1e-6)
+    assert not outputs_match("0.33", "0.34", float_tolerance=1e-6)
+
+
+def test_stdin_and_call_tests(sandbox) -> None:
+    tests = [
+        TestCase("3\n1 2 3\n", "6"),
+        TestCase("2\n5 5\n", "10"),
+        TestCase("[[1, 2, 3]]", "[3, 2, 1]", kind="call", fn_name="rev"),
+    ]
+    code = "def rev(x):\n    return x[::-1]\nimport sys\nif __name__ == '__main__' and False: pass\n"
+    stdin_code = "n = int(input())\nprint(sum(map(int, input().split())))"
+    outcomes = asyncio.run(run_test_cases(sandbox, stdin_code, tests[:2]))
+    assert [o.verdict for o in outcomes] == [PASSED, PASSED]
+    call = asyncio.run(run_test_cases(sandbox, code, tests[2:]))
+    assert call[0].verdict == PASSED
+    wrong = asyncio.run(run_test_cases(sandbox, "print(7)", tests[:1]))
+    assert wrong[0].verdict == WRONG
+    slow = asyncio.run(run_test_cases(sandbox, "while True: pass", tests[:1], timeout_s=1.0))
+    assert slow[0].verdict == TIMEOUT
+
+
+def test_code_tool_report_is_deterministic(sandbox) -> None:
+    tests = [TestCase("1 2", "3"), TestCase("2 2", "4")]
+    tool = make_code_tool(tests, sandbox=sandbox)
+    code = "a, b = map(int, input().split())\nprint(a + b if a == 1 else a * b + 1)"
+    first = asyncio.run(tool._tool_func(code=code))
+    second = asyncio.run(tool._tool_func(code=code))
+    assert first == second
+    text = first["content"][0]["text"]
+    assert text.startswith("Public tests: 1/2 passed.")
+    assert "Test 2: wrong answer" in text and "expected:\n    4" in text and "got:\n    5" in text
+    assert tool.tool_spec["inputSchema"]["json"]["required"] == ["code"]
+    empty = asyncio.run(tool._tool_func(code="  "))
+    assert empty["status"] == "error"
+
+
+def test_format_report_caps_fields() -> None:
+    from agentboost.sandbox.testcases import TestOutcome
+
+    report = format_report([TestCase("x" * 5000, "y")], [TestOutcome(WRONG, "z" * 5000)], 5.0)
+    assert "more characters" in report and len(report) < 2000
