@@ -384,14 +384,16 @@ class StrandsProcessPool:
                 if now - worker.started > self.config.start_timeout_s:
                     self._replace(worker, "start_timeout", f"worker {worker.wid} did not start")
                 continue
-            if now - worker.last_seen > self.config.heartbeat_timeout_s:
-                self._replace(worker, "hang", f"worker {worker.wid} stopped responding")
-                continue
+            # Memory first: a worker that allocates in one long C call (a big memset) also misses
+            # heartbeats, and "over the memory limit" is the diagnosis the user can act on.
             if limit is not None:
                 rss = _rss_mb(worker.pid)
                 if rss is not None and rss > limit:
                     self._replace(worker, "memory", f"worker {worker.wid} used {rss:.0f} MB > limit {limit} MB")
                     continue
+            if now - worker.last_seen > self.config.heartbeat_timeout_s:
+                self._replace(worker, "hang", f"worker {worker.wid} stopped responding")
+                continue
             late = [e for e in worker.inflight.values() if now > e.deadline]
             if late:
                 ids = ", ".join(e.spec.episode_id for e in late[:3])
