@@ -34,6 +34,22 @@ from .types import DEFAULT_MASKED_TERMINATIONS, Budget, SamplingParams, Terminat
 logger = logging.getLogger(__name__)
 
 _TIMEOUT_GRACE_S = 1.0
+_OUR_STOPS = {
+    "EpisodeStop", "ContextOverflow", "EpisodeTimeout", "BackendError", "BackendContextOverflow",
+    "BackendTimeout", "TrajectoryDivergence", "UnsupportedContent", "TemplateError",
+}  # fmt: skip
+
+
+class _QuietTypedStops(logging.Filter):
+    """Strands logs every exception that ends its event loop at ERROR. Typed agentboost stops are
+    ordinary episode endings (the runner records them as terminations), not errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and "event loop cycle failed" in str(record.msg) and str(args[0]) in _OUR_STOPS)
+
+
+logging.getLogger("strands.event_loop.event_loop").addFilter(_QuietTypedStops())
 
 
 @dataclass(frozen=True)
@@ -150,7 +166,11 @@ async def run_episode(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
-            result = await asyncio.wait_for(strands_agent.invoke_async(prompt), timeout=remaining + _TIMEOUT_GRACE_S)
+            # Strands' own turn limit ends the loop gracefully at a message boundary; the TokenModel
+            # enforces the same budget as a backstop.
+            turns_left = max(1, budget.max_turns - len(episode.calls))
+            invocation = strands_agent.invoke_async(prompt, limits={"turns": turns_left})
+            result = await asyncio.wait_for(invocation, timeout=remaining + _TIMEOUT_GRACE_S)
             termination, detail = _stop_reason_termination(str(result.stop_reason))
             if termination is not Termination.COMPLETED:
                 break

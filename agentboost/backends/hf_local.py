@@ -159,7 +159,8 @@ class HFLocalBackend:
         for r in requests:
             if r.sampling.seed is not None:
                 g = torch.Generator(device="cpu")
-                g.manual_seed(int(r.sampling.seed))
+                # Mix in the prompt length so the calls of one episode draw different numbers.
+                g.manual_seed((int(r.sampling.seed) * 1_000_003 + len(r.prompt_ids)) % (2**63))
                 generators.append(g)
             else:
                 generators.append(None)
@@ -171,19 +172,24 @@ class HFLocalBackend:
         finish = [FINISH_LENGTH] * n
         seen = [set(r.prompt_ids) for r in requests]
 
-        output = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        # Only the last position's logits are needed: never materialise [batch, prompt, vocab].
+        output = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         past = output.past_key_values
         logits = output.logits[:, -1, :]
         last_pos = positions[:, -1]
         for _ in range(max(budgets)):
             raw_logits = logits.float().cpu()
             raw = torch.log_softmax(raw_logits, dim=-1)
+            active = [i for i in range(n) if not finished[i]]
+            chosen = _choose(raw_logits, active, requests, generators, seen)
             next_tokens = []
-            for i, r in enumerate(requests):
+            for i in range(n):
                 if finished[i]:
                     next_tokens.append(self.pad_token_id)
                     continue
-                token = _sample(raw_logits[i], r.sampling, generators[i], seen[i])
+                token = chosen[i]
                 out_ids[i].append(token)
                 out_lp[i].append(float(raw[i, token]))
                 seen[i].add(token)
@@ -217,6 +223,47 @@ class HFLocalBackend:
             )
             for i, r in enumerate(requests)
         ]
+
+
+def _choose(
+    raw_logits: Any, rows: list[int], requests: list[GenerationRequest], generators: list[Any], seen: list[set[int]]
+) -> dict[int, int]:
+    """Next token of each active row. Rows that share their sampling settings are processed together
+    and drawn by inverse CDF with one uniform number per row, taken from the row's own generator when
+    it has a seed (so a seeded request samples the same tokens whatever batch it lands in). Rows with
+    a repetition penalty are sampled one by one."""
+    import torch
+
+    chosen: dict[int, int] = {}
+    groups: dict[tuple[float, float, int, float], list[int]] = {}
+    for i in rows:
+        s = requests[i].sampling
+        if s.repetition_penalty == 1.0:
+            groups.setdefault((s.temperature, s.top_p, s.top_k, s.min_p), []).append(i)
+        else:
+            chosen[i] = _sample(raw_logits[i], s, generators[i], seen[i])
+    for (temperature, top_p, top_k, min_p), members in groups.items():
+        logits = raw_logits[members]
+        if temperature == 0:
+            picks = torch.argmax(logits, dim=-1)
+        else:
+            logits = logits / temperature
+            if 0 < top_k < logits.shape[-1]:
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            if min_p > 0:
+                probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+            if top_p < 1.0:
+                sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+                drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > top_p
+                probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+            cdf = torch.cumsum(probs / probs.sum(dim=-1, keepdim=True), dim=-1)
+            uniform = torch.cat([torch.rand(1, generator=generators[i]) for i in members]).unsqueeze(-1)
+            picks = torch.searchsorted(cdf, uniform * cdf[:, -1:]).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+        for i, token in zip(members, picks.tolist(), strict=True):
+            chosen[i] = int(token)
+    return chosen
 
 
 def _sample(raw_logits: Any, sampling: Any, generator: Any, seen: set[int]) -> int:

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from . import rollout
+from . import quickstart, rollout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     rollout.add_parser(sub)
+    quickstart.add_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),

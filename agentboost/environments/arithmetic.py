@@ -6,6 +6,7 @@ The reward is 1 when the final answer text is exactly that integer, 0 otherwise.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
@@ -20,18 +21,36 @@ SYSTEM_PROMPT = (
 )
 
 
+def _held_out(expression: str) -> bool:
+    """One expression in five (by a stable hash) is reserved for evaluation."""
+    return int(hashlib.sha256(expression.encode()).hexdigest(), 16) % 5 == 0
+
+
 def make_tasks(
     n: int, *, seed: int = 0, max_ops: int = 2, max_value: int = 99, split: str = "train"
 ) -> list[dict[str, Any]]:
-    """``n`` arithmetic tasks, deterministic for a given seed."""
+    """``n`` arithmetic tasks, deterministic for a given seed.
+
+    ``split="eval"`` draws only from expressions reserved for evaluation (one in five, by hash) and
+    every other split only from the rest, so held-out expressions are never trained on. Tasks may
+    repeat when ``n`` exceeds the number of distinct expressions.
+    """
     rng = random.Random(f"{split}:{seed}")
-    tasks = []
-    for i in range(n):
+    want_held_out = split == "eval"
+    tasks: list[dict[str, Any]] = []
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 1000 * max(n, 1):
+            raise ValueError(f"cannot draw {n} {split} tasks with max_value={max_value}, max_ops={max_ops}")
         n_ops = rng.randint(1, max_ops)
         parts = [str(rng.randint(1, max_value))]
         for _ in range(n_ops):
             parts += [rng.choice(["+", "-", "*"]), str(rng.randint(1, max_value))]
         expression = " ".join(parts)
+        if _held_out(expression) != want_held_out:
+            continue
+        i = len(tasks)
         tasks.append(
             {
                 "task_id": f"arith-{split}-{seed}-{i}",

@@ -15,6 +15,7 @@ from .tokenizer_builder import build_tokenizer
 def build_tiny_qwen2(
     tokenizer_name: str = "qwen2.5",
     *,
+    tokenizer: Any = None,
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
@@ -23,11 +24,13 @@ def build_tiny_qwen2(
     max_position_embeddings: int = 4096,
     seed: int = 0,
 ) -> tuple[Any, Any]:
-    """A randomly initialised ``Qwen2ForCausalLM`` and the offline tokenizer it pairs with."""
+    """A randomly initialised ``Qwen2ForCausalLM`` and the offline tokenizer it pairs with
+    (``tokenizer`` overrides the offline family ``tokenizer_name``)."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(build_tokenizer(tokenizer_name)), local_files_only=True)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(str(build_tokenizer(tokenizer_name)), local_files_only=True)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -40,7 +43,7 @@ def build_tiny_qwen2(
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="eager",
+        attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)

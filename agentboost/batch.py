@@ -1,0 +1,122 @@
+"""Episodes -> training batch. The one conversion used by both the single-machine trainer and the
+rLLM / veRL path (so there is no second copy of this logic).
+
+Layout (veRL's): prompts left-padded to ``P``, responses right-padded to ``R``; ``input_ids`` is their
+concatenation, ``attention_mask`` marks real tokens, ``position_ids`` count real tokens. Per row:
+
+* ``response_mask``: the loss mask (1 on model tokens, 0 on env tokens, padding and masked episodes);
+* ``token_level_scores``: the episode reward on the last real response token, 0 elsewhere;
+* ``rollout_log_probs``: the sampling log-probabilities of response tokens (0 where there are none).
+
+Failed episodes are never dropped: an episode with no tokens at all becomes one pad prompt token and
+one pad response token, all masked, reward 0. A row that does not fit ``P``/``R`` is cut (prompt: its
+first tokens are dropped; response: its tail) and masked, never trained on half-seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .episode import Episode
+
+
+@dataclass
+class Batch:
+    input_ids: Any
+    attention_mask: Any
+    position_ids: Any
+    prompts: Any
+    responses: Any
+    response_mask: Any
+    token_level_scores: Any
+    rollout_log_probs: Any
+    rewards: Any
+    episode_ids: list[str]
+    group_ids: list[str]
+    terminations: list[str]
+    masked: list[bool]
+    truncated: list[bool] = field(default_factory=list)
+
+    @property
+    def prompt_length(self) -> int:
+        return int(self.prompts.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def episodes_to_batch(
+    episodes: list[Episode],
+    *,
+    pad_token_id: int,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+    group_of: Any = None,
+) -> Batch:
+    """Pad and stack episodes. ``group_of(episode) -> str`` names the GRPO group (default: the
+    episode's ``metadata["group_id"]``, else its task id)."""
+    import torch
+
+    if not episodes:
+        raise ValueError("no episodes to batch")
+    prompts, responses, masks, logprobs, truncated = [], [], [], [], []
+    for episode in episodes:
+        prompt = episode.prompt_ids or [pad_token_id]
+        response = episode.response_ids or [pad_token_id]
+        mask = episode.response_mask if episode.response_ids else [0]
+        lps = episode.response_logprobs if episode.response_ids else [0.0]
+        cut = False
+        if max_prompt_length is not None and len(prompt) > max_prompt_length:
+            prompt, cut = prompt[-max_prompt_length:], True
+        if max_response_length is not None and len(response) > max_response_length:
+            response, mask, lps, cut = (
+                response[:max_response_length], mask[:max_response_length], lps[:max_response_length], True
+            )  # fmt: skip
+        if cut:
+            mask = [0] * len(mask)
+        prompts.append(prompt)
+        responses.append(response)
+        masks.append(mask)
+        logprobs.append(lps)
+        truncated.append(cut)
+    width_p = max_prompt_length or max(len(p) for p in prompts)
+    width_r = max_response_length or max(len(r) for r in responses)
+    n = len(episodes)
+    prompt_t = torch.full((n, width_p), pad_token_id, dtype=torch.long)
+    prompt_attn = torch.zeros((n, width_p), dtype=torch.long)
+    resp_t = torch.full((n, width_r), pad_token_id, dtype=torch.long)
+    resp_attn = torch.zeros((n, width_r), dtype=torch.long)
+    mask_t = torch.zeros((n, width_r), dtype=torch.long)
+    lp_t = torch.zeros((n, width_r), dtype=torch.float32)
+    scores = torch.zeros((n, width_r), dtype=torch.float32)
+    rewards = torch.zeros(n, dtype=torch.float32)
+    for i, (p, r, m, lp, episode) in enumerate(zip(prompts, responses, masks, logprobs, episodes, strict=True)):
+        prompt_t[i, width_p - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_attn[i, width_p - len(p) :] = 1
+        resp_t[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        resp_attn[i, : len(r)] = 1
+        mask_t[i, : len(m)] = torch.tensor(m, dtype=torch.long)
+        lp_t[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        reward = 0.0 if episode.masked else float(episode.reward)
+        rewards[i] = reward
+        scores[i, len(r) - 1] = reward
+    attention = torch.cat([prompt_attn, resp_attn], dim=1)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0) * attention
+    group_of = group_of or (lambda e: str(e.metadata.get("group_id") or e.task_id or e.id))
+    return Batch(
+        input_ids=torch.cat([prompt_t, resp_t], dim=1),
+        attention_mask=attention,
+        position_ids=positions,
+        prompts=prompt_t,
+        responses=resp_t,
+        response_mask=mask_t,
+        token_level_scores=scores,
+        rollout_log_probs=lp_t,
+        rewards=rewards,
+        episode_ids=[e.id for e in episodes],
+        group_ids=[group_of(e) for e in episodes],
+        terminations=[e.termination.value for e in episodes],
+        masked=[e.masked or t for e, t in zip(episodes, truncated, strict=True)],
+        truncated=truncated,
+    )

@@ -1,0 +1,94 @@
+"""Math reward: final-answer extraction plus symbolic equivalence (math-verify on sympy).
+
+* The answer is taken from the final assistant text only (reasoning is never searched): the content of
+  the **last** ``\\boxed{...}`` (balanced braces), or, when there is none, the last line of the text.
+  Exactly one candidate is checked, so listing many answers (``\\boxed{1} \\boxed{2} ...``) cannot win.
+* Equivalence is decided by math-verify (``parse`` + ``verify``), in a killable child process with a
+  timeout (hostile expressions can make sympy hang).
+* Reward 1.0 when equivalent, else 0.0; no answer -> 0.0. Metrics: ``has_answer``, ``boxed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..episode import Episode
+from ..types import RewardOutput
+from .isolated import default_runner
+
+logger = logging.getLogger(__name__)
+
+MAX_ANSWER_CHARS = 1000
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces, or None."""
+    best = None
+    for marker in ("\\boxed{", "\\fbox{"):
+        start = text.rfind(marker)
+        if start != -1 and (best is None or start > best[0]):
+            best = (start, marker)
+    if best is None:
+        return None
+    i = best[0] + len(best[1])
+    depth = 1
+    for j in range(i, len(text)):
+        ch = text[j]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j]
+    return None  # unbalanced: no answer
+
+
+def extract_answer(final_text: str) -> tuple[str | None, bool]:
+    """(answer candidate, came from \\boxed)."""
+    boxed = last_boxed(final_text)
+    if boxed is not None:
+        return boxed.strip() or None, True
+    lines = [line.strip() for line in final_text.strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else None), False
+
+
+def _verify(gold: str, answer: str) -> bool:
+    from math_verify import parse, verify
+
+    # The caller enforces the timeout by killing this process; math-verify's own (signal-based)
+    # timeouts are disabled, which it reports at WARNING on every call.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+    gold_parsed = parse(f"${gold}$" if "$" not in gold else gold, parsing_timeout=None)
+    answer_parsed = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+    if not gold_parsed or not answer_parsed:
+        return False
+    return bool(verify(gold_parsed, answer_parsed, timeout_seconds=None))
+
+
+def math_equal(gold: str, answer: str, *, timeout_s: float = 10.0) -> bool:
+    """Symbolic equivalence of two answers (isolated, with a timeout; a timeout counts as not equal)."""
+    if len(answer) > MAX_ANSWER_CHARS:
+        return False
+    if answer.strip() == gold.strip():
+        return True
+    try:
+        return bool(default_runner().run(_verify, gold, answer, timeout_s=timeout_s))
+    except TimeoutError:
+        return False
+
+
+async def math_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
+    """Reward function for math tasks: ``task["answer"]`` is the gold answer."""
+    gold = str(task.get("answer", task.get("ground_truth", ""))).strip()
+    if not gold:
+        raise ValueError("math task without an 'answer'")
+    answer, boxed = extract_answer(episode.final_text)
+    metrics = {"has_answer": float(answer is not None), "boxed": float(boxed)}
+    if answer is None:
+        return RewardOutput(0.0, metrics=metrics, is_correct=False)
+    import asyncio
+
+    correct = await asyncio.to_thread(math_equal, gold, answer)
+    return RewardOutput(1.0 if correct else 0.0, metrics=metrics, is_correct=correct, info={"answer": answer[:200]})

@@ -1,0 +1,103 @@
+"""Metrics out of the trainer: ``metrics.jsonl`` + ``metrics.csv`` in the run directory, W&B (offline
+unless configured), and a PNG of the curves."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsLogger:
+    def __init__(
+        self, run_dir: str | Path, *, project: str | None = "agentboost", config: dict[str, Any] | None = None
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.run_dir / "metrics.jsonl"
+        self.csv = self.run_dir / "metrics.csv"
+        self.rows: list[dict[str, Any]] = []
+        if self.jsonl.exists():  # resumed run: keep what was logged before
+            self.rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        self._wandb = None
+        if project:
+            try:
+                import wandb
+            except ImportError:
+                logger.info("wandb is not installed: metrics go to %s only", self.csv)
+            else:
+                mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+                self._wandb = wandb.init(project=project, config=config or {}, dir=str(self.run_dir), mode=mode,
+                                         reinit="finish_previous")  # fmt: skip
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        self.rows.append(metrics)
+        with open(self.jsonl, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+        self._write_csv()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=int(metrics.get("step", len(self.rows))))
+
+    def _write_csv(self) -> None:
+        keys: list[str] = []
+        for row in self.rows:
+            keys.extend(k for k in row if k not in keys)
+        with open(self.csv, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def plot_curves(history: list[dict[str, Any]], path: str | Path, *, title: str = "GRPO training",
+                extra_points: dict[str, tuple[float, float]] | None = None) -> Path:  # fmt: skip
+    """Reward, success rate and tool-call rate per step (plus eval points) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    same = history and all(h.get("reward_mean") == h.get("success_rate") for h in history)
+    series = [("reward_mean", "reward = success (train)" if same else "reward (train)", "C0")]
+    if not same:
+        series.append(("success_rate", "success rate (train)", "C1"))
+    series.append(("tool_call_rate", "tool-call rate (train)", "C2"))
+    for key, label, color in series:
+        if history and key in history[0]:
+            values = [h[key] for h in history]
+            ax.plot(steps, values, color=color, alpha=0.35, linewidth=1.0)
+            ax.plot(steps, _moving_average(values, 5), color=color, linewidth=2.0, label=f"{label}, 5-step mean")
+    evals = [(h["step"], h["eval/success_rate"]) for h in history if "eval/success_rate" in h]
+    if evals:
+        ax.plot(*zip(*evals, strict=True), "o--", color="C3", label="success rate (held-out, greedy)", linewidth=1.2)
+    for label, (x, y) in (extra_points or {}).items():
+        ax.plot([x], [y], "s", markersize=8, label=label)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out

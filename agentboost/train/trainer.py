@@ -1,0 +1,362 @@
+"""A single-machine GRPO trainer (one process; CPU or one GPU) for Strands agents.
+
+Rollouts run through the same :func:`~agentboost.rollout.run_episode` as everywhere else, with the
+in-process backend sharing the *live* policy weights (every rollout comes from the current policy).
+Episodes become a batch through :func:`agentboost.batch.episodes_to_batch`, the conversion the
+rLLM/veRL path uses too. Then GRPO: group-normalised advantages, clipped policy-gradient loss over
+the loss-masked response tokens (token-mean), optional KL to a frozen reference, gradient clipping.
+Checkpoints every ``save_every`` steps; ``resume=True`` continues from the last one.
+
+Multi-GPU and multi-node training is rLLM/veRL's job; this trainer is for a laptop, a single GPU,
+debugging an environment and reward on a small model before a large run, and the quickstart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import logging
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..agents.strands_agent import StrandsAgent
+from ..backends.hf_local import HFLocalBackend
+from ..batch import episodes_to_batch
+from ..chat.template import ChatTemplate
+from ..episode import Episode
+from ..rollout import RolloutSettings, run_episode
+from ..types import Budget, SamplingParams
+from ..utils.refs import resolve
+from .grpo import group_advantages, policy_loss
+from .logprobs import response_logprobs
+from .metrics import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str = "runs/train"
+    steps: int = 40
+    prompts_per_step: int = 8
+    group_size: int = 8
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    ppo_epochs: int = 1
+    minibatches: int = 1
+    normalize_adv_std: bool = True
+    eval_every: int = 10
+    save_every: int = 10
+    seed: int = 0
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, max_tokens_per_call=64))
+    eval_sampling: SamplingParams = field(
+        default_factory=lambda: SamplingParams(temperature=0.0, max_tokens_per_call=64)
+    )
+    budget: Budget = field(default_factory=lambda: Budget(max_turns=4, max_total_tokens=1024, wall_clock_s=300))
+    logprob_gap_alarm: float | None = 0.5
+    """Stop when the mean |rollout - trainer| logprob gap on loss tokens exceeds this (stale rollouts)."""
+    wandb_project: str | None = "agentboost"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["sampling"] = self.sampling.to_dict()
+        data["eval_sampling"] = self.eval_sampling.to_dict()
+        data["budget"] = self.budget.to_dict()
+        return data
+
+
+class StaleRolloutError(RuntimeError):
+    """Rollout log-probabilities disagree with the trainer's: rollouts did not come from the policy."""
+
+
+class GRPOTrainer:
+    """GRPO on one machine.
+
+    Args:
+        model: a Hugging Face causal LM (``nn.Module``; a peft model for LoRA) being trained.
+        template: the :class:`ChatTemplate` of its tokenizer.
+        train_rows / eval_rows: dataset rows (``StrandsEnv.from_dict`` input).
+        env: environment class or reference; ``env_args`` are merged into every row.
+        agent: the :class:`StrandsAgent` (factory / system prompt) used for every episode.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        template: ChatTemplate,
+        train_rows: list[dict[str, Any]],
+        *,
+        eval_rows: list[dict[str, Any]] | None = None,
+        env: Any = "agentboost.environments.strands_env:StrandsEnv",
+        env_args: dict[str, Any] | None = None,
+        agent: StrandsAgent | None = None,
+        config: TrainConfig | None = None,
+        device: str | None = None,
+    ) -> None:
+        import torch
+
+        self.config = config or TrainConfig()
+        self.model = model
+        self.template = template
+        self.train_rows = list(train_rows)
+        self.eval_rows = list(eval_rows or [])
+        self.env_cls = resolve(env)
+        self.env_args = dict(env_args or {})
+        self.agent = agent or StrandsAgent()
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.pad_token_id = int(template.tokenizer.pad_token_id or 0)
+        concurrency = self.config.prompts_per_step * self.config.group_size
+        self.backend = HFLocalBackend(
+            model,
+            device=str(self.device),
+            max_batch_size=max(concurrency, len(self.eval_rows), 1),
+            pad_token_id=self.pad_token_id,
+        )
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.reference = None
+        if self.config.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval()
+            for p in self.reference.parameters():
+                p.requires_grad_(False)
+        self.run_dir = Path(self.config.run_dir)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self._order: list[int] = []
+        self._cursor = 0
+        self._rng = random.Random(self.config.seed)
+
+    # -- rollouts -------------------------------------------------------------------------------
+    def rollout(self, rows: list[dict[str, Any]], *, n: int, sampling: SamplingParams, tag: str) -> list[Episode]:
+        settings = RolloutSettings(sampling=sampling, budget=self.config.budget)
+
+        async def one(row: dict[str, Any], i: int, k: int) -> Episode:
+            env = self.env_cls.from_dict({**row, **self.env_args})
+            agent = StrandsAgent(self.agent.agent_factory, self.agent.system_prompt, **self.agent.agent_kwargs)
+            group = f"{tag}:{i}"
+            episode_settings = settings
+            if sampling.temperature > 0 and sampling.seed is None:  # reproducible whatever the batching
+                seed = int.from_bytes(
+                    hashlib.blake2b(f"{self.config.seed}:{group}:{k}".encode(), digest_size=4).digest(), "big"
+                )
+                episode_settings = RolloutSettings(sampling=sampling.replace(seed=seed), budget=self.config.budget)
+            episode = await run_episode(
+                env, agent, self.backend, self.template, episode_settings,
+                episode_id=f"{group}:{k}", group_id=group, task_id=str(row.get("task_id", i)),
+            )  # fmt: skip
+            episode.metadata["group_id"] = group
+            return episode
+
+        async def everything() -> list[Episode]:
+            return list(await asyncio.gather(*(one(r, i, k) for i, r in enumerate(rows) for k in range(n))))
+
+        return asyncio.run(everything())
+
+    def _next_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for _ in range(self.config.prompts_per_step):
+            if self._cursor >= len(self._order):
+                self._order = list(range(len(self.train_rows)))
+                self._rng.shuffle(self._order)
+                self._cursor = 0
+            rows.append(self.train_rows[self._order[self._cursor]])
+            self._cursor += 1
+        return rows
+
+    # -- one update ------------------------------------------------------------------------------
+    def update(self, episodes: list[Episode]) -> dict[str, float]:
+        import torch
+
+        cfg = self.config
+        batch = episodes_to_batch(episodes, pad_token_id=self.pad_token_id)
+        advantages = group_advantages(batch.rewards, batch.group_ids, batch.masked, normalize_std=cfg.normalize_adv_std)
+        mask = batch.response_mask.to(self.device)
+        with torch.no_grad():
+            self.model.eval()
+            old = response_logprobs(self.model, batch)
+            ref = response_logprobs(self.reference, batch) if self.reference is not None else None
+        n_loss = float(mask.sum())
+        gap = ((old - batch.rollout_log_probs.to(self.device)).abs() * mask).sum() / max(n_loss, 1.0)
+        metrics: dict[str, float] = {"logprob_gap": float(gap), "loss_tokens": n_loss}
+        if cfg.logprob_gap_alarm is not None and float(gap) > cfg.logprob_gap_alarm:
+            raise StaleRolloutError(
+                f"mean |rollout - trainer| logprob gap {float(gap):.3f} > {cfg.logprob_gap_alarm}: rollouts are stale"
+            )
+        metrics["advantage_abs_mean"] = float(advantages.abs().mean())
+        metrics["groups_with_signal"] = float(_groups_with_signal(batch))
+        if not bool((advantages != 0).any()) and ref is None:
+            # No group has a reward spread: the gradient is zero, and an Adam step would still move
+            # the weights along stale momentum. Skip the update.
+            metrics["skipped_update"] = 1.0
+            return metrics
+        metrics["skipped_update"] = 0.0
+        self.model.train()
+        rows = list(range(len(batch)))
+        sums: Counter[str] = Counter()
+        updates = 0
+        for _ in range(cfg.ppo_epochs):
+            self._rng.shuffle(rows)
+            size = math.ceil(len(rows) / cfg.minibatches)
+            for start in range(0, len(rows), size):
+                idx = rows[start : start + size]
+                sub = _select(batch, idx)
+                new = response_logprobs(self.model, sub)
+                loss, parts = policy_loss(
+                    new, old[idx], advantages[idx].to(self.device), mask[idx],
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                    ref_logprobs=None if ref is None else ref[idx], kl_coef=cfg.kl_coef,
+                )  # fmt: skip
+                self.optimizer.zero_grad(set_to_none=True)
+                with self.backend.lock:
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(
+                        [p for p in self.model.parameters() if p.requires_grad], cfg.grad_clip
+                    )
+                    self.optimizer.step()
+                parts["grad_norm"] = float(grad_norm)
+                sums.update(parts)
+                updates += 1
+        metrics.update({k: v / updates for k, v in sums.items()})
+        return metrics
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def evaluate(self, rows: list[dict[str, Any]] | None = None, *, tag: str = "eval") -> dict[str, float]:
+        rows = rows if rows is not None else self.eval_rows
+        if not rows:
+            return {}
+        episodes = self.rollout(rows, n=1, sampling=self.config.eval_sampling, tag=tag)
+        return {f"eval/{k}": v for k, v in episode_metrics(episodes).items()}
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def fit(self, *, resume: bool = True, progress: bool = True) -> list[dict[str, Any]]:
+        from tqdm import tqdm
+
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.load_checkpoint()
+        log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict())
+        try:
+            bar = tqdm(total=cfg.steps, initial=self.step, desc="GRPO", unit="step", disable=not progress)
+            while self.step < cfg.steps:
+                started = time.monotonic()
+                rows = self._next_rows()
+                episodes = self.rollout(rows, n=cfg.group_size, sampling=cfg.sampling, tag=f"s{self.step}")
+                rollout_s = time.monotonic() - started
+                metrics = {"step": self.step + 1, **episode_metrics(episodes)}
+                metrics.update(self.update(episodes))
+                metrics["rollout_s"] = rollout_s
+                metrics["step_s"] = time.monotonic() - started
+                self.step += 1
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    metrics.update(self.evaluate(tag=f"e{self.step}"))
+                self.history.append(metrics)
+                log.log(metrics)
+                bar.update(1)
+                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
+                if cfg.save_every and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
+                    self.save_checkpoint()
+            bar.close()
+        finally:
+            log.close()
+        return self.history
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        import torch
+
+        path = self.run_dir / "checkpoint"
+        tmp = self.run_dir / "checkpoint.tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        torch.save(self.model.state_dict(), tmp / "model_state.pt")
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        state = {
+            "step": self.step,
+            "history": self.history,
+            "order": self._order,
+            "cursor": self._cursor,
+            "rng": self._rng.getstate(),
+            "torch_rng": torch.get_rng_state().tolist(),
+        }
+        (tmp / "trainer_state.json").write_text(json.dumps(state))
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        tmp.rename(path)
+        return path
+
+    def load_checkpoint(self) -> bool:
+        import torch
+
+        path = self.run_dir / "checkpoint"
+        if not (path / "trainer_state.json").is_file():
+            return False
+        self.model.load_state_dict(torch.load(path / "model_state.pt", map_location=self.device))
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
+        state = json.loads((path / "trainer_state.json").read_text())
+        self.step = int(state["step"])
+        self.history = list(state["history"])
+        self._order, self._cursor = list(state["order"]), int(state["cursor"])
+        rng_state = state["rng"]
+        self._rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        logger.info("resumed from %s at step %d", path, self.step)
+        return True
+
+
+def _groups_with_signal(batch: Any) -> int:
+    """Groups whose unmasked members do not all have the same reward."""
+    rewards: dict[str, set[float]] = {}
+    for i, group in enumerate(batch.group_ids):
+        if not batch.masked[i]:
+            rewards.setdefault(group, set()).add(float(batch.rewards[i]))
+    return sum(1 for values in rewards.values() if len(values) > 1)
+
+
+def _select(batch: Any, idx: list[int]) -> Any:
+    import dataclasses
+
+    import torch
+
+    index = torch.tensor(idx, dtype=torch.long)
+    changes = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if hasattr(value, "index_select"):
+            changes[f.name] = value.index_select(0, index)
+        elif isinstance(value, list) and value:
+            changes[f.name] = [value[i] for i in idx]
+    return dataclasses.replace(batch, **changes)
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Per-step rollout metrics: reward, success, tool use, terminations, lengths."""
+    n = max(len(episodes), 1)
+    correct = [e.is_correct for e in episodes if e.is_correct is not None]
+    terminations = Counter(e.termination.value for e in episodes)
+    out = {
+        "reward_mean": sum(e.reward for e in episodes) / n,
+        "success_rate": sum(bool(c) for c in correct) / len(correct) if correct else 0.0,
+        "tool_call_rate": sum(1 for e in episodes if e.tool_calls > 0) / n,
+        "tool_calls_per_episode": sum(e.tool_calls for e in episodes) / n,
+        "tool_error_rate": sum(e.tool_errors for e in episodes) / max(sum(e.tool_calls for e in episodes), 1),
+        "parse_errors_per_episode": sum(e.parse_errors for e in episodes) / n,
+        "turns_mean": sum(len(e.calls) for e in episodes) / n,
+        "response_tokens_mean": sum(len(e.response_ids) for e in episodes) / n,
+        "masked_fraction": sum(e.masked for e in episodes) / n,
+    }
+    for name, count in terminations.items():
+        out[f"termination/{name}"] = count / n
+    return out

@@ -1,0 +1,75 @@
+"""Math reward: extraction, symbolic equivalence, hacking attempts, hostile expressions."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+pytest.importorskip("math_verify")
+
+from agentboost.episode import Episode
+from agentboost.rewards.math import extract_answer, last_boxed, math_equal, math_reward
+
+
+def episode_saying(text: str, reasoning: str | None = None) -> Episode:
+    content: list[dict] = []
+    if reasoning:
+        content.append({"reasoningContent": {"reasoningText": {"text": reasoning}}})
+    if text:
+        content.append({"text": text})
+    return Episode(
+        id="e", messages=[{"role": "user", "content": [{"text": "q"}]}, {"role": "assistant", "content": content}]
+    )
+
+
+def reward(gold: str, text: str, reasoning: str | None = None):
+    return asyncio.run(math_reward({"answer": gold}, episode_saying(text, reasoning)))
+
+
+def test_extraction() -> None:
+    assert last_boxed(r"x \boxed{\frac{a}{b^{2}}} y") == r"\frac{a}{b^{2}}"
+    assert last_boxed(r"\boxed{1} then \boxed{2}") == "2"
+    assert last_boxed(r"\boxed{unbalanced") is None
+    assert extract_answer("Work.\nThe answer is 204.") == ("The answer is 204.", False)
+    assert extract_answer("") == (None, False)
+
+
+@pytest.mark.parametrize(
+    ("gold", "text", "expected"),
+    [
+        ("204", r"So the total is \boxed{204}.", 1.0),
+        ("\\frac{1}{2}", r"\boxed{0.5}", 1.0),
+        ("2\\sqrt{2}", r"\boxed{\sqrt{8}}", 1.0),
+        ("204", "The answer is 204.", 1.0),
+        ("204", r"\boxed{205}", 0.0),
+        ("204", "", 0.0),
+    ],
+)
+def test_rewards(gold: str, text: str, expected: float) -> None:
+    out = reward(gold, text)
+    assert out.reward == expected and out.is_correct == (expected == 1.0)
+
+
+def test_listing_many_answers_does_not_win() -> None:
+    spray = " ".join(rf"\boxed{{{i}}}" for i in range(1000))
+    assert reward("204", spray).reward == 0.0  # only the last boxed answer counts
+    assert reward("204", "1, 2, 3, ..., 203, 204, 205").reward == 0.0
+
+
+def test_answer_only_in_reasoning_earns_nothing() -> None:
+    out = reward("204", "", reasoning=r"I think it is \boxed{204}")
+    assert out.reward == 0.0 and out.metrics["has_answer"] == 0.0
+
+
+def test_hostile_expression_is_bounded() -> None:
+    started = time.monotonic()
+    assert not math_equal("5", "10^{10^{10^{10}}}", timeout_s=2.0)
+    assert time.monotonic() - started < 8
+    assert math_equal("5", "5.0")  # the checker recovered
+
+
+def test_missing_gold_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        asyncio.run(math_reward({}, episode_saying("1")))
