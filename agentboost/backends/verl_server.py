@@ -1,0 +1,131 @@
+"""Generation on veRL's rollout servers during RL training, token ids in and out.
+
+verl 0.6.1 runs one ``vLLMHttpServer`` Ray actor per rollout replica; each has an async
+``generate(prompt_ids, sampling_params, request_id, image_data)`` method returning a ``TokenOutput``.
+This backend calls it directly through the Ray actor handles (no HTTP, no re-tokenisation).
+
+Upstream 0.6.1 ``generate`` ignores the requested ``max_tokens`` (it always generates up to
+``max_model_len - len(prompt)``) and reports no finish reason; ``modified_verl_files/vllm_async_server.py``
+(installed by ``apply_patches.py``) fixes both and adds the weight version that served the request.
+Against an unpatched server this backend refuses over-long replies instead of silently cutting them.
+
+Routing: every call of an episode goes to the same replica (its prefix is cached there); a new
+episode joins its GRPO group's replica unless that one is overloaded, else the least-loaded one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from ..errors import BackendContextOverflow, BackendError, BackendTimeout
+from .base import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
+from .routing import StickyRouter
+
+logger = logging.getLogger(__name__)
+
+_CONTEXT_MARKERS = ("maximum model length", "max_model_len", "context length", "longer than", "too long")
+
+
+class VerlServerBackend:
+    """Token-in/token-out generation through veRL rollout-server actor handles.
+
+    Args:
+        server_handles: the replicas' server actor handles (``AgentLoopManager.server_handles``).
+        request_timeout_s: cap on one call (the episode deadline may be shorter).
+    """
+
+    def __init__(self, server_handles: list[Any], *, request_timeout_s: float = 1800.0) -> None:
+        if not server_handles:
+            raise ValueError("no rollout servers")
+        self.handles = list(server_handles)
+        self.request_timeout_s = request_timeout_s
+        self.router = StickyRouter(len(self.handles))
+        self._counter = itertools.count()
+
+    def describe(self) -> str:
+        return f"verl-servers({len(self.handles)})"
+
+    def sampling_params(self, request: GenerationRequest) -> dict[str, Any]:
+        s = request.sampling
+        params: dict[str, Any] = {
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "min_p": s.min_p,
+            "repetition_penalty": s.repetition_penalty,
+            "logprobs": bool(s.logprobs),
+            "max_tokens": request.max_tokens,
+        }
+        if request.stop_token_ids:
+            params["stop_token_ids"] = list(request.stop_token_ids)
+        if s.seed is not None:
+            params["seed"] = s.seed
+        return params
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        server = self.router.acquire(request.request_id, request.group_id)
+        timeout = min(request.timeout_s or self.request_timeout_s, self.request_timeout_s)
+        # vLLM needs unique ids for requests in flight; calls of one episode are sequential.
+        request_id = f"{request.request_id}-{next(self._counter)}"
+        try:
+            ref = self.handles[server].generate.remote(
+                prompt_ids=list(request.prompt_ids),
+                sampling_params=self.sampling_params(request),
+                request_id=request_id,
+            )
+            try:
+                output = await asyncio.wait_for(_awaitable(ref), timeout=timeout)
+            except (TimeoutError, asyncio.TimeoutError):
+                _cancel(ref)
+                raise BackendTimeout(f"rollout server {server} did not answer within {timeout:.0f}s") from None
+        except (BackendTimeout, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            message = str(exc)
+            if isinstance(exc, TypeError) and "max_tokens" in message:
+                raise BackendError(
+                    f"rollout server {server} does not accept max_tokens ({message[:200]}): verl 0.6.1's server "
+                    "is not adapted; run `python apply_patches.py`"
+                ) from exc
+            if any(marker in message.lower() for marker in _CONTEXT_MARKERS):
+                raise BackendContextOverflow(message[:500]) from exc
+            raise BackendError(f"rollout server {server} failed: {type(exc).__name__}: {message[:500]}") from exc
+        finally:
+            self.router.release(server)
+        token_ids = [int(t) for t in output.token_ids]
+        if len(token_ids) > request.max_tokens:
+            raise BackendError(
+                f"the rollout server returned {len(token_ids)} tokens for max_tokens={request.max_tokens}: "
+                "verl 0.6.1's server ignores max_tokens; run `python apply_patches.py`"
+            )
+        finish = getattr(output, "finish_reason", None)
+        if finish not in (FINISH_STOP, FINISH_LENGTH):
+            ended = bool(token_ids) and token_ids[-1] in request.stop_token_ids
+            finish = FINISH_STOP if ended or len(token_ids) < request.max_tokens else FINISH_LENGTH
+        log_probs = getattr(output, "log_probs", None)
+        return GenerationResult(
+            token_ids=token_ids,
+            logprobs=[float(x) for x in log_probs] if log_probs is not None else None,
+            finish_reason=finish,
+            stop_reason=getattr(output, "stop_reason", None),
+            server=f"replica-{server}",
+            weight_version=getattr(output, "weight_version", None),
+        )
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref
+
+
+def _cancel(ref: Any) -> None:
+    try:
+        import ray
+
+        ray.cancel(ref)
+    except Exception:  # not a Ray ref (tests) or already done
+        cancel = getattr(ref, "cancel", None)
+        if callable(cancel):
+            cancel()

@@ -1,0 +1,13 @@
+"""The bridge from Strands episodes to rLLM v0.2.1 / veRL 0.6.1 training.
+
+Everything here is plain agentboost code that imports neither rLLM nor veRL at module import, so it is
+tested in CI with faithful fakes. ``modified_rllm_files/`` and ``modified_verl_files/`` hold the small
+adapters that ``apply_patches.py`` hooks into the installed upstream modules; they call into here.
+
+* :mod:`.config`: rLLM/veRL config -> train and validation :class:`~agentboost.rollout.RolloutSettings`.
+* :mod:`.rollouts`: run a batch of Strands episodes against the rollout servers (weights woken and
+  synced before, servers put to sleep after; sticky routing by episode and GRPO group).
+* :mod:`.verl_batch`: episodes -> the tensors rLLM's PPO trainer expects, masked padding, per-row
+  GRPO group isolation of failed episodes.
+* :mod:`.metrics`: Strands metrics for W&B and the rollout-vs-trainer log-prob gap alarm.
+"""

@@ -1,0 +1,123 @@
+"""Run one training (or validation) batch of Strands episodes on veRL's rollout servers.
+
+One batch is one rollout phase: the servers are woken up first (in veRL's hybrid mode this syncs the
+current actor weights into vLLM, so every rollout comes from the current policy) and put back to sleep
+afterwards, also when the phase fails. Episodes run concurrently on this process's event loop through
+:func:`agentboost.rollout.run_episode`, the same function the CLI and the worker pool use. Group ids
+follow rLLM's interleaved repeat (rows ``k*n .. k*n+n-1`` are the ``n`` samples of prompt ``k``) so
+the backend routes a GRPO group to one server while it is not overloaded.
+
+Nothing is dropped: :func:`run_episode` turns every failure into a typed, masked, zero-reward
+episode, and an exception that escapes it anyway (a bug) becomes an ``infra_error`` episode here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from ..episode import Episode
+from ..rollout import RolloutSettings, run_episode
+from ..types import Termination
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_EVERY_S = 30.0
+
+
+def _task_id(env: Any, idx: int) -> str:
+    task = getattr(env, "task", None) or {}
+    for key in ("task_id", "id", "uid", "problem_id"):
+        value = task.get(key) if isinstance(task, dict) else None
+        if value is not None:
+            return str(value)
+    return f"row-{idx}"
+
+
+def crashed_episode(episode_id: str, group_id: str, task_id: str, exc: BaseException, wall_s: float) -> Episode:
+    episode = Episode(
+        id=episode_id,
+        task_id=task_id,
+        termination=Termination.INFRA_ERROR,
+        termination_detail=f"runner error: {type(exc).__name__}: {exc}"[:2000],
+    )
+    episode.masked = True
+    episode.timings = {"wall_s": wall_s}
+    episode.metadata = {"group_id": group_id, "failed_before_rollout": True}
+    return episode
+
+
+async def run_batch(
+    envs: Sequence[Any],
+    agents: Sequence[Any],
+    backend: Any,
+    template: Any,
+    settings: RolloutSettings,
+    *,
+    group_size: int,
+    concurrency: int,
+    wake_up: Callable[[], Awaitable[Any]] | None = None,
+    sleep: Callable[[], Awaitable[Any]] | None = None,
+    validation: bool = False,
+    on_done: Callable[[int, Episode], None] | None = None,
+) -> list[Episode]:
+    """Run ``envs[i]`` with ``agents[i]`` for every i; episodes come back in row order."""
+    if len(envs) != len(agents):
+        raise ValueError(f"{len(envs)} environments but {len(agents)} agents")
+    if group_size < 1:
+        raise ValueError("group_size must be >= 1")
+    phase = uuid.uuid4().hex[:10]
+    semaphore = asyncio.Semaphore(max(1, concurrency))
+    results: list[Episode | None] = [None] * len(envs)
+    done = 0
+    started = time.monotonic()
+    last_report = started
+    counts: Counter[str] = Counter()
+
+    async def one(idx: int) -> None:
+        nonlocal done, last_report
+        env, agent = envs[idx], agents[idx]
+        if hasattr(env, "validation"):
+            env.validation = validation
+        episode_id = f"{phase}-{idx}"
+        group_id = f"{phase}-g{idx // group_size}"
+        task_id = _task_id(env, idx)
+        t0 = time.monotonic()
+        async with semaphore:
+            try:
+                episode = await run_episode(
+                    env, agent, backend, template, settings, episode_id=episode_id, group_id=group_id, task_id=task_id
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # run_episode does not raise; a bug must not lose the row
+                logger.exception("episode %s escaped the runner", episode_id)
+                episode = crashed_episode(episode_id, group_id, task_id, exc, time.monotonic() - t0)
+        episode.metadata.setdefault("group_id", group_id)
+        episode.metadata["row"] = idx
+        results[idx] = episode
+        done += 1
+        counts[episode.termination.value] += 1
+        if on_done is not None:
+            on_done(idx, episode)
+        now = time.monotonic()
+        if now - last_report >= PROGRESS_EVERY_S or done == len(envs):
+            last_report = now
+            logger.info(
+                "%s rollouts: %d/%d episodes in %.0fs (%s)",
+                "validation" if validation else "training", done, len(envs), now - started, dict(counts),
+            )  # fmt: skip
+
+    if wake_up is not None:
+        await wake_up()
+    try:
+        await asyncio.gather(*(one(i) for i in range(len(envs))))
+    finally:
+        if sleep is not None:
+            await sleep()
+    return [e for e in results if e is not None]

@@ -1,0 +1,16 @@
+#!/usr/bin/env python3
+"""Install agentboost's adapters into the installed rLLM v0.2.1.post1 and veRL 0.6.1.
+
+    python apply_patches.py            # check versions, patch (idempotent)
+    python apply_patches.py --check    # report; exit 1 unless everything is patched and current
+    python apply_patches.py --revert   # restore the original upstream files byte for byte
+
+See agentboost/patching.py for what is changed and how.
+"""
+
+import sys
+
+from agentboost.patching import main
+
+if __name__ == "__main__":
+    sys.exit(main())

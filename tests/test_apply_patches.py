@@ -1,0 +1,196 @@
+"""apply_patches.py on a fake installed tree: rLLM and veRL dist-info + the three target modules."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentboost import patching
+
+REPO = Path(__file__).resolve().parent.parent
+
+ENGINE = '''"""fake rllm.engine.agent_execution_engine"""
+class AsyncAgentExecutionEngine:
+    def __init__(self, *args, **kwargs):
+        self.agent_class = kwargs.get("agent_class")
+        self.env_class = kwargs.get("env_class")
+'''
+TRAINER = '''"""fake rllm.trainer.verl.agent_ppo_trainer"""
+class DataProto: pass
+def compute_advantage(data, **kw): return data
+def compute_data_metrics(batch, use_critic=False): return {}
+class AgentPPOTrainer:
+    pass
+'''
+SERVER = '''"""fake verl vllm_async_server"""
+from pydantic import BaseModel
+class TokenOutput(BaseModel):
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+class SamplingParams: pass
+class TokensPrompt: pass
+class vLLMHttpServerBase:
+    async def generate(self, prompt_ids, sampling_params, request_id, image_data=None): ...
+    async def wake_up(self): ...
+'''
+
+
+def make_tree(root: Path, rllm_version: str = "0.2.1", verl_version: str = "0.6.1") -> dict[str, Path]:
+    files = {
+        "rllm/engine/agent_execution_engine.py": ENGINE,
+        "rllm/trainer/verl/agent_ppo_trainer.py": TRAINER,
+        "verl/workers/rollout/vllm_rollout/vllm_async_server.py": SERVER,
+    }
+    paths = {}
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(root).parents:
+            if str(parent) != ".":
+                (root / parent / "__init__.py").touch()
+        path.write_bytes(text.encode())
+        paths[rel] = path
+    for name, version in (("rllm", rllm_version), ("verl", verl_version)):
+        info = root / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return paths
+
+
+def run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+    return subprocess.run([sys.executable, str(REPO / "apply_patches.py"), *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+
+
+def test_refuses_unknown_files_and_wrong_versions_changing_nothing(tmp_path) -> None:
+    make_tree(tmp_path)
+    before = snapshot(tmp_path)
+    result = run(tmp_path)
+    assert result.returncode == 2 and "not the upstream file" in result.stderr and "--force" in result.stderr
+    assert snapshot(tmp_path) == before
+
+    other = tmp_path / "other"
+    other.mkdir()
+    make_tree(other, verl_version="0.7.0")
+    before = snapshot(other)
+    result = run(other, "--force")  # --force never accepts an unsupported version
+    assert (
+        result.returncode == 2 and "verl 0.7.0 is installed" in result.stderr and "Nothing was changed" in result.stderr
+    )
+    assert snapshot(other) == before  # the rLLM targets, checked first, were not touched either
+
+
+def test_apply_is_idempotent_check_reports_and_revert_restores_bytes(tmp_path) -> None:
+    paths = make_tree(tmp_path)
+    originals = {rel: p.read_bytes() for rel, p in paths.items()}
+    assert run(tmp_path, "--check").returncode == 1
+
+    result = run(tmp_path, "--force")
+    assert result.returncode == 0, result.stderr
+    patched = snapshot(tmp_path)
+    for rel, path in paths.items():
+        data = path.read_bytes()
+        assert data.startswith(originals[rel]) and data.count(patching.BEGIN.encode()) == 1
+        assert Path(str(path) + patching.BACKUP_SUFFIX).read_bytes() == originals[rel]
+    check = run(tmp_path, "--check")
+    assert check.returncode == 0 and check.stderr.count("patched") == 3
+
+    again = run(tmp_path, "--force")
+    assert again.returncode == 0 and "already patched" in again.stderr
+    assert snapshot(tmp_path) == patched  # files and backups untouched
+
+    # the patched modules import and install the adapters (upstream classes subclassed, functions wrapped)
+    code = (
+        "import rllm.engine.agent_execution_engine as e, rllm.trainer.verl.agent_ppo_trainer as t\n"
+        "import verl.workers.rollout.vllm_rollout.vllm_async_server as s\n"
+        "assert e.AsyncAgentExecutionEngine is not e.UpstreamAsyncAgentExecutionEngine\n"
+        "assert issubclass(t.AgentPPOTrainer, t.UpstreamAgentPPOTrainer)\n"
+        "assert s.vLLMHttpServerBase._agentboost_installed and 'StrandsTokenOutput' in dir(s)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.stdout.strip() == "ok", out.stderr
+
+    result = run(tmp_path, "--revert")
+    assert result.returncode == 0, result.stderr
+    for rel, path in paths.items():
+        assert path.read_bytes() == originals[rel]
+        assert not Path(str(path) + patching.BACKUP_SUFFIX).exists()
+    assert run(tmp_path, "--check").returncode == 1
+    assert run(tmp_path, "--revert").returncode == 0  # reverting a clean tree is a no-op
+
+
+def test_known_upstream_hash_needs_no_force(tmp_path) -> None:
+    paths = make_tree(tmp_path)
+    path = paths["rllm/engine/agent_execution_engine.py"]
+    target = patching.TARGETS[0]
+    known = patching.Target(**{**target.__dict__, "known_sha256": (patching.sha256(path.read_bytes()),)})
+    plan = patching.plan(patching.Located(known, "0.2.1", path), revert=False, force=False)
+    assert plan.new is not None and plan.new.startswith(path.read_bytes())
+
+
+def test_outdated_block_is_upgraded_and_damaged_file_refused(tmp_path) -> None:
+    paths = make_tree(tmp_path)
+    path = paths["rllm/engine/agent_execution_engine.py"]
+    original = path.read_bytes()
+    old_block = patching.block_for(patching.TARGETS[0], original).replace(b"adapter v1 ", b"adapter v0 ")
+    path.write_bytes(original + old_block)
+    located = patching.Located(patching.TARGETS[0], "0.2.1", path)
+    plan = patching.plan(located, revert=False, force=True)
+    assert plan.state is patching.State.OUTDATED
+    assert plan.new == original + patching.block_for(patching.TARGETS[0], original)
+
+    path.write_bytes(b"# edited by hand\n" + original + old_block)
+    with pytest.raises(patching.PatchError, match="does not match its recorded original"):
+        patching.plan(located, revert=False, force=True)
+
+
+def test_a_failed_write_rolls_back_the_targets_already_written(tmp_path, monkeypatch) -> None:
+    paths = make_tree(tmp_path)
+    originals = {rel: p.read_bytes() for rel, p in paths.items()}
+    plans = [
+        patching.plan(patching.Located(t, v, paths[t.relpath]), revert=False, force=True)
+        for t, v in zip(patching.TARGETS, ("0.2.1", "0.2.1", "0.6.1"), strict=True)
+    ]
+    real = patching._write_atomic
+    calls = {"n": 0}
+
+    def flaky(path: Path, data: bytes) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full")
+        real(path, data)
+
+    monkeypatch.setattr(patching, "_write_atomic", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        patching.execute(plans, revert=False)
+    monkeypatch.setattr(patching, "_write_atomic", real)
+    for rel, path in paths.items():
+        assert path.read_bytes() == originals[rel]
+
+
+def test_patched_module_still_imports_without_agentboost(tmp_path) -> None:
+    paths = make_tree(tmp_path)
+    assert run(tmp_path, "--force").returncode == 0
+    shadow = tmp_path / "shadow"  # a modified_rllm_files that cannot be imported
+    (shadow / "modified_rllm_files").mkdir(parents=True)
+    (shadow / "modified_rllm_files" / "__init__.py").write_text("raise ImportError('agentboost removed')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(tmp_path)])}
+    code = "import rllm.engine.agent_execution_engine as e; print(hasattr(e, 'UpstreamAsyncAgentExecutionEngine'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=shadow, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False"  # upstream behaviour, with a warning
+    assert "adapter modified_rllm_files.agent_execution_engine not loaded" in out.stderr
+    assert paths
