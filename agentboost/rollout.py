@@ -160,7 +160,7 @@ async def run_episode(
         observation, info = await asyncio.to_thread(env.reset)
         agent.reset()
         agent.update_from_env(observation, 0.0, False, info)
-        strands_agent = agent.build_agent(model, env.tools, env.task)
+        strands_agent = await asyncio.to_thread(agent.build_agent, model, env.tools, env.task)
         prompt: str | None = env.initial_prompt()
         while prompt is not None:
             remaining = deadline - time.monotonic()

@@ -93,19 +93,26 @@ def failed_episode(spec: EpisodeSpec, termination: Termination, detail: str, **t
     return episode
 
 
+def _build_env_and_agent(spec: EpisodeSpec) -> tuple[Any, StrandsAgent]:
+    env_cls = resolve(spec.agent.env)
+    env = env_cls.from_dict({**spec.row, **spec.agent.env_args})
+    agent = StrandsAgent(
+        agent_factory=spec.agent.agent_factory,
+        system_prompt=spec.agent.system_prompt,
+        **spec.agent.agent_kwargs,
+    )
+    return env, agent
+
+
 async def run_spec(spec: EpisodeSpec) -> Episode:
     """Build env, agent and model from ``spec`` and run the episode. Never raises (but for cancellation)."""
     started = time.monotonic()
     try:
         built = cached_model(spec.model) or await asyncio.to_thread(build_model, spec.model)
         backend, template = built
-        env_cls = resolve(spec.agent.env)
-        env = env_cls.from_dict({**spec.row, **spec.agent.env_args})
-        agent = StrandsAgent(
-            agent_factory=spec.agent.agent_factory,
-            system_prompt=spec.agent.system_prompt,
-            **spec.agent.agent_kwargs,
-        )
+        # Off the event loop: the first episode of a worker imports the user's modules, and user
+        # code in from_dict may be slow; a blocked loop misses heartbeats and looks hung.
+        env, agent = await asyncio.to_thread(_build_env_and_agent, spec)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
