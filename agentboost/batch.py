@@ -46,6 +46,14 @@ class Batch:
         return int(self.input_ids.shape[0])
 
 
+def row_tokens(episode: Episode, pad_token_id: int) -> tuple[list[int], list[int], list[int], list[float]]:
+    """(prompt, response, loss mask, rollout log-probs) of one row. Never empty: an episode that has no
+    tokens (it failed before the first call) becomes one masked pad token on each side."""
+    if not episode.response_ids:
+        return episode.prompt_ids or [pad_token_id], [pad_token_id], [0], [0.0]
+    return episode.prompt_ids or [pad_token_id], episode.response_ids, episode.response_mask, episode.response_logprobs
+
+
 def episodes_to_batch(
     episodes: list[Episode],
     *,
@@ -62,10 +70,7 @@ def episodes_to_batch(
         raise ValueError("no episodes to batch")
     prompts, responses, masks, logprobs, truncated = [], [], [], [], []
     for episode in episodes:
-        prompt = episode.prompt_ids or [pad_token_id]
-        response = episode.response_ids or [pad_token_id]
-        mask = episode.response_mask if episode.response_ids else [0]
-        lps = episode.response_logprobs if episode.response_ids else [0.0]
+        prompt, response, mask, lps = row_tokens(episode, pad_token_id)
         cut = False
         if max_prompt_length is not None and len(prompt) > max_prompt_length:
             prompt, cut = prompt[-max_prompt_length:], True

@@ -113,6 +113,24 @@ class Episode:
     timings: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def failed(
+        cls,
+        episode_id: str,
+        termination: Termination,
+        detail: str,
+        *,
+        task_id: str | None = None,
+        timings: dict[str, float] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Episode:
+        """The record of an episode that could not run, or whose runner died: no tokens, reward 0, masked."""
+        episode = cls(id=episode_id, task_id=task_id, termination=termination, termination_detail=detail[:2000])
+        episode.masked = True
+        episode.timings = dict(timings or {})
+        episode.metadata = {**(metadata or {}), "failed_before_rollout": True}
+        return episode
+
     # -- building (append-only) -------------------------------------------------------------
     def append(self, segment: Segment) -> None:
         if segment.kind is SegmentKind.PROMPT and self.segments:

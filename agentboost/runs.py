@@ -86,11 +86,14 @@ class EpisodeSpec:
 
 def failed_episode(spec: EpisodeSpec, termination: Termination, detail: str, **timings: float) -> Episode:
     """The record of an episode that could not run (or whose runner died): reward 0, masked."""
-    episode = Episode(id=spec.episode_id, task_id=spec.task_id, termination=termination, termination_detail=detail)
-    episode.masked = True
-    episode.timings = dict(timings)
-    episode.metadata = {"group_id": spec.group_id, "sample_index": spec.sample_index, "failed_before_rollout": True}
-    return episode
+    return Episode.failed(
+        spec.episode_id,
+        termination,
+        detail,
+        task_id=spec.task_id,
+        timings=dict(timings),
+        metadata={"group_id": spec.group_id, "sample_index": spec.sample_index},
+    )
 
 
 def _build_env_and_agent(spec: EpisodeSpec) -> tuple[Any, StrandsAgent]:

@@ -55,10 +55,9 @@ def token_dict(episode: Any, idx: int, pad_token_id: int) -> dict[str, Any]:
     """rLLM's Token-mode trajectory dict for one episode (never empty: failures get one masked pad token)."""
     import torch
 
-    prompt = episode.prompt_ids or [pad_token_id]
-    response = episode.response_ids or [pad_token_id]
-    mask = episode.response_mask if episode.response_ids else [0]
-    logprobs = episode.response_logprobs if episode.response_ids else [0.0]
+    from agentboost.batch import row_tokens
+
+    prompt, response, mask, logprobs = row_tokens(episode, pad_token_id)
     return {
         "prompt_tokens": torch.tensor(prompt, dtype=torch.long),
         "response_tokens": torch.tensor(response, dtype=torch.long),
@@ -163,6 +162,8 @@ def install(ns: dict[str, Any]) -> bool:
                 yield token_dict(episode, idx, pad)
 
         async def execute_tasks(self, tasks: list[dict]) -> list[Any]:  # type: ignore[override]
+            """Evaluation: for Strands agents the results are agentboost ``Episode`` records (in task
+            order) instead of rLLM ``Trajectory`` objects."""
             if not self._strands:
                 return await super().execute_tasks(tasks)
             envs = [self.env_class.from_dict({**task, **self.env_args}) for task in tasks]

@@ -74,8 +74,6 @@ def install(ns: dict[str, Any]) -> bool:
                 f"prompt of {len(prompt_ids)} tokens leaves no room to generate (max_model_len={max_model_len})"
             )
         requested = params.pop("max_tokens", None)
-        if requested is None:
-            requested = params.pop("max_new_tokens", None)
         max_tokens = room if requested is None else max(1, min(int(requested), room))
         want_logprobs = bool(params.pop("logprobs", False))
         params["logprobs"] = 0 if want_logprobs else None

@@ -159,30 +159,24 @@ async def test_engine_keeps_failed_episodes_as_masked_rows(qwen25_tokenizer) -> 
     assert engine.rollout_engine.phases == ["wake_up", "sleep"]
 
 
-async def test_engine_puts_servers_to_sleep_when_the_phase_fails(qwen25_tokenizer) -> None:
-    engine, servers = make_engine(qwen25_tokenizer)
+async def test_engine_puts_servers_to_sleep_when_the_phase_fails(qwen25_tokenizer, monkeypatch) -> None:
+    engine, _ = make_engine(qwen25_tokenizer)
     load_rows(engine, make_tasks(1, seed=3), n=2)
-
     engine._backend = lambda: (_ for _ in ()).throw(RuntimeError("no servers"))
     with pytest.raises(RuntimeError, match="no servers"):
         await collect(engine)
     assert engine.rollout_engine.phases == []  # failed before waking: nothing to undo
 
-    engine, servers = make_engine(qwen25_tokenizer)
+    engine, _ = make_engine(qwen25_tokenizer)
     load_rows(engine, make_tasks(1, seed=3), n=2)
     from agentboost.integration import rollouts
-
-    real = rollouts.run_episode
 
     async def cancelled(*args: Any, **kwargs: Any) -> Any:
         raise asyncio.CancelledError
 
-    rollouts.run_episode = cancelled
-    try:
-        with pytest.raises(asyncio.CancelledError):
-            await collect(engine)
-    finally:
-        rollouts.run_episode = real
+    monkeypatch.setattr(rollouts, "run_episode", cancelled)
+    with pytest.raises(asyncio.CancelledError):
+        await collect(engine)
     assert engine.rollout_engine.phases == ["wake_up", "sleep"]
 
 

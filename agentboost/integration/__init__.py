@@ -10,4 +10,5 @@ adapters that ``apply_patches.py`` hooks into the installed upstream modules; th
 * :mod:`.verl_batch`: episodes -> the tensors rLLM's PPO trainer expects, masked padding, per-row
   GRPO group isolation of failed episodes.
 * :mod:`.metrics`: Strands metrics for W&B and the rollout-vs-trainer log-prob gap alarm.
+* :mod:`.train_entry`: the body of the examples' ``train_<x>_with_strands.py`` (rLLM's ``AgentTrainer``).
 """

@@ -39,19 +39,6 @@ def _task_id(env: Any, idx: int) -> str:
     return f"row-{idx}"
 
 
-def crashed_episode(episode_id: str, group_id: str, task_id: str, exc: BaseException, wall_s: float) -> Episode:
-    episode = Episode(
-        id=episode_id,
-        task_id=task_id,
-        termination=Termination.INFRA_ERROR,
-        termination_detail=f"runner error: {type(exc).__name__}: {exc}"[:2000],
-    )
-    episode.masked = True
-    episode.timings = {"wall_s": wall_s}
-    episode.metadata = {"group_id": group_id, "failed_before_rollout": True}
-    return episode
-
-
 async def run_batch(
     envs: Sequence[Any],
     agents: Sequence[Any],
@@ -97,7 +84,14 @@ async def run_batch(
                 raise
             except Exception as exc:  # run_episode does not raise; a bug must not lose the row
                 logger.exception("episode %s escaped the runner", episode_id)
-                episode = crashed_episode(episode_id, group_id, task_id, exc, time.monotonic() - t0)
+                episode = Episode.failed(
+                    episode_id,
+                    Termination.INFRA_ERROR,
+                    f"runner error: {type(exc).__name__}: {exc}",
+                    task_id=task_id,
+                    timings={"wall_s": time.monotonic() - t0},
+                    metadata={"group_id": group_id},
+                )
         episode.metadata.setdefault("group_id", group_id)
         episode.metadata["row"] = idx
         results[idx] = episode
@@ -120,4 +114,7 @@ async def run_batch(
     finally:
         if sleep is not None:
             await sleep()
+    missing = [i for i, e in enumerate(results) if e is None]
+    if missing:  # gather() completed, so every row was filled; anything else is a bug worth stopping for
+        raise RuntimeError(f"rows {missing[:10]} have no episode")
     return [e for e in results if e is not None]

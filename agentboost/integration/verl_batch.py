@@ -59,8 +59,6 @@ def episodes_to_verl(
 
 def mask_padding_rows(batch: Any, original_size: int) -> int:
     """Zero the loss mask and scores of rows ``original_size..`` of a padded ``DataProto``; returns how many."""
-    import numpy as np
-
     total = int(batch.batch["response_mask"].shape[0])
     pad = total - original_size
     if pad <= 0:
@@ -71,12 +69,10 @@ def mask_padding_rows(batch: Any, original_size: int) -> int:
             batch.batch[key][original_size:] = 0
     if MASKED_KEY in batch.non_tensor_batch:
         batch.non_tensor_batch[MASKED_KEY][original_size:] = True
-    if "uid" in batch.non_tensor_batch:
+    if "uid" in batch.non_tensor_batch:  # copies must not join their original's GRPO group
         uids = batch.non_tensor_batch["uid"]
         for i in range(original_size, total):
             uids[i] = f"agentboost-pad-{i}"
-    else:  # pragma: no cover - rLLM always sets uids
-        batch.non_tensor_batch["uid"] = np.array([f"row-{i}" for i in range(total)], dtype=object)
     return pad
 
 

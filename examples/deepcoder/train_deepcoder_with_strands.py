@@ -1,36 +1,20 @@
 """GRPO on DeepCoder problems with a Strands agent and a sandboxed code tool (rLLM + veRL).
 
-Run `python apply_patches.py` first.
-
-bash examples/deepcoder/train_deepcoder_with_strands.sh   # every override that matters is there
+Run `python apply_patches.py` and `python examples/deepcoder/prepare_deepcoder_data.py` first, then
+`bash examples/deepcoder/train_deepcoder_with_strands.sh` (every override that matters is there).
 """
-
-from __future__ import annotations
 
 import hydra
 
-from agentboost import StrandsAgent
 from agentboost.environments.code_env import SYSTEM_PROMPT, CodeEnv
+from agentboost.integration.train_entry import train_with_rllm
 
 
 @hydra.main(config_path="pkg://rllm.trainer.config", config_name="agent_ppo_trainer", version_base=None)
 def main(config) -> None:
-    from rllm.data.dataset import DatasetRegistry
-    from rllm.trainer.agent_trainer import AgentTrainer
-
-    train = DatasetRegistry.load_dataset("strands_deepcoder", "train")
-    test = DatasetRegistry.load_dataset("strands_deepcoder", "test")
-    if train is None or test is None:
-        raise SystemExit("no data: run `python examples/deepcoder/prepare_deepcoder_data.py` first")
-    AgentTrainer(
-        agent_class=StrandsAgent,
-        env_class=CodeEnv,
-        agent_args={"system_prompt": SYSTEM_PROMPT},
-        env_args={},
-        config=config,
-        train_dataset=train,
-        val_dataset=test,
-    ).train()
+    train_with_rllm(config, env_class=CodeEnv, dataset="strands_deepcoder",
+                    agent_args={"system_prompt": SYSTEM_PROMPT},
+                    prepare_script="examples/deepcoder/prepare_deepcoder_data.py")  # fmt: skip
 
 
 if __name__ == "__main__":
