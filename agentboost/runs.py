@@ -172,17 +172,29 @@ def expand(
     n: int = 1,
     task_ids: list[str] | None = None,
 ) -> list[EpisodeSpec]:
-    """``n`` specs per row (one GRPO group per row), ids ``{task_id}:{sample}``."""
+    """``n`` specs per row (one GRPO group per row), ids ``{task_id}:{sample}``.
+
+    With a sampling seed, sample ``k`` of every row uses ``seed + k``: reproducible, and the ``n``
+    samples of a row differ. Task ids must be unique (they key the episodes).
+    """
     from .data import task_id_of
 
     specs = []
     settings_dict = settings.to_dict()
+    seed = settings.sampling.seed
+    seen: dict[str, int] = {}
     for i, row in enumerate(rows):
         task_id = task_ids[i] if task_ids else task_id_of(row, i)
+        if task_id in seen:
+            raise ValueError(f"rows {seen[task_id]} and {i} have the same task id {task_id!r}; task ids must be unique")
+        seen[task_id] = i
         for k in range(n):
+            sample_settings = settings_dict
+            if seed is not None and k:  # reproducible, but the n samples of a group must differ
+                sample_settings = {**settings_dict, "sampling": {**settings_dict["sampling"], "seed": seed + k}}
             specs.append(
                 EpisodeSpec(
-                    row=row, agent=agent, model=model, settings=settings_dict,
+                    row=row, agent=agent, model=model, settings=sample_settings,
                     episode_id=f"{task_id}:{k}", task_id=task_id, group_id=task_id, sample_index=k,
                 )
             )  # fmt: skip

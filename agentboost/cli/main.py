@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from . import eval as eval_cmd
 from . import quickstart, rollout
 
 
@@ -15,6 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rollout.add_parser(sub)
     quickstart.add_parser(sub)
+    eval_cmd.add_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),

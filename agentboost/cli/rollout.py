@@ -19,9 +19,10 @@ from typing import Any
 
 from ..backends.factory import ModelSpec
 from ..data import load_rows
+from ..execution import run_specs
 from ..report import markdown, summarize
 from ..rollout import RolloutSettings
-from ..runs import AgentSpec, expand, run_many
+from ..runs import AgentSpec, expand
 from ..types import Budget, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -154,15 +155,6 @@ async def _run(specs: list, concurrency: int, path: Path, *, workers: int = 0) -
             bar.set_postfix(reward=f"{episode.reward:.2f}", end=episode.termination.value)
 
         try:
-            if workers <= 0:
-                return await run_many(specs, concurrency=concurrency, on_done=done)
-            from ..agents.strands_process_pool import PoolConfig, StrandsProcessPool
-
-            needs_torch = not specs[0].model.backend.startswith(("http://", "https://", "py:"))
-            config = PoolConfig(workers=workers, max_in_flight=concurrency, torch_in_workers=needs_torch)
-            async with StrandsProcessPool(config) as pool:
-                episodes = await pool.map(specs, on_done=done)
-                logger.info("pool stats: %s", pool.stats())
-                return episodes
+            return await run_specs(specs, concurrency=concurrency, workers=workers, on_done=done)
         finally:
             bar.close()

@@ -1,0 +1,172 @@
+"""``agentboost eval``: evaluate an example's environment over a dataset, resumably, with pass@k.
+
+Runs ``--n`` samples per dataset row against any backend through the worker pool (``--workers``;
+0 runs in this process), with at most ``--concurrency`` episodes in flight. Every finished episode
+is appended to ``<out>/episodes.jsonl`` at once, so an interrupted evaluation resumes where it
+stopped when the same command is run again (finished episodes are never recomputed; changed
+settings are refused). At the end it writes ``report.json``, ``report.md`` and ``report.png``:
+pass@k and pass^k (unbiased estimators), reward, terminations and tool usage.
+
+Examples::
+
+    agentboost eval --example arithmetic --n 4                       # embedded default, tiny model
+    agentboost eval --example math --data aime.jsonl --n 16 --k 1 --k 16 \\
+        --backend http://localhost:8000 --tokenizer Qwen/Qwen3-4B --workers 4 --concurrency 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..data import load_rows
+from ..evaluation.presets import PRESETS
+from ..evaluation.report import build_report
+from ..evaluation.store import EpisodeStore, ResumeMismatch, StoreLocked
+from ..execution import run_specs
+from ..runs import AgentSpec, EpisodeSpec, expand
+from ..types import Termination
+from .rollout import _kv, add_model_arguments, add_rollout_arguments, model_spec_from_args, settings_from_args
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("eval", help="evaluate an environment over a dataset (resumable, pass@k)",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    what = parser.add_argument_group("what to evaluate")
+    what.add_argument("--example", choices=sorted(PRESETS), default=None,
+                      help="an example's environment + system prompt (default: arithmetic without --env)")  # fmt: skip
+    what.add_argument("--env", default=None, help="environment class, module:Class (overrides --example)")
+    what.add_argument("--env-arg", action="append", type=_kv, default=[], metavar="KEY=VALUE")
+    what.add_argument("--agent", default=None, help="Strands agent factory, module:function")
+    what.add_argument("--system-prompt", default=None)
+    what.add_argument("--data", default=None, help="dataset (.jsonl, .json, .parquet)")
+    what.add_argument("--limit", type=int, default=None, help="use the first N rows")
+    run = parser.add_argument_group("run")
+    run.add_argument("--n", type=int, default=1, help="samples per row")
+    run.add_argument("--k", type=int, action="append", default=None,
+                     help="report pass@k and pass^k for this k (repeatable; default: 1, 2, 4, ... n)")  # fmt: skip
+    run.add_argument("--threshold", type=float, default=1.0,
+                     help="reward counted as success when the environment gives no verdict (default 1.0)")  # fmt: skip
+    run.add_argument("--workers", type=int, default=2, help="agent worker processes (0: in this process)")
+    run.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
+    run.add_argument("--out", default="runs/eval", help="output directory (resumed when it exists)")
+    run.add_argument("--overwrite", action="store_true", help="discard episodes stored in --out")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="re-run stored episodes that ended in infra_error (e.g. a server was down)")  # fmt: skip
+    run.add_argument("--no-plots", action="store_true")
+    add_model_arguments(parser)
+    add_rollout_arguments(parser)
+    parser.set_defaults(func=main)
+
+
+def default_ks(n: int) -> list[int]:
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    return sorted({*ks, n})
+
+
+def fingerprint(rows: list[dict[str, Any]], args: argparse.Namespace, agent: AgentSpec, specs: list) -> dict:
+    blob = json.dumps(rows, sort_keys=True, default=str).encode()
+    return {
+        "data_sha256": hashlib.sha256(blob).hexdigest(),
+        "rows": len(rows),
+        "n": args.n,
+        "agent": agent.to_dict(),
+        "model": specs[0].model.to_dict(),
+        "settings": specs[0].settings,
+    }
+
+
+def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
+    preset = PRESETS[args.example] if args.example else (None if args.env else PRESETS["arithmetic"])
+    env = args.env or (preset.env if preset else None)
+    system_prompt = args.system_prompt
+    if system_prompt is None and args.agent is None and preset is not None:
+        system_prompt = preset.resolved_system_prompt()
+    if args.data:
+        rows = load_rows(args.data, limit=args.limit)
+    elif preset is not None and not preset.needs_data:
+        from ..environments.arithmetic import make_tasks
+
+        rows = make_tasks(args.limit or 16, seed=0, split="eval")
+    else:
+        raise SystemExit("agentboost eval: --data is required for this environment")
+    agent = AgentSpec(env=env or "", env_args=dict(args.env_arg), agent_factory=args.agent,
+                      system_prompt=system_prompt)  # fmt: skip
+    return agent, rows
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.n < 1:
+        raise SystemExit("agentboost eval: --n must be >= 1")
+    agent, rows = _select(args)
+    if not rows:
+        logger.error("no rows to evaluate")
+        return 2
+    ks = sorted(set(args.k)) if args.k else default_ks(args.n)
+    if max(ks) > args.n or min(ks) < 1:
+        raise SystemExit(f"agentboost eval: every --k must be in 1..n={args.n}, got {ks}")
+    specs = expand(rows, agent, model_spec_from_args(args), settings_from_args(args), n=args.n)
+    out = Path(args.out)
+    try:
+        with EpisodeStore(out, fingerprint(rows, args, agent, specs), overwrite=args.overwrite) as store:
+            todo = _todo(specs, store, retry_failed=args.retry_failed)
+            stored = len(specs) - len(todo)
+            if stored:
+                logger.warning("resuming %s: %d of %d episodes already stored, running %d",
+                               out, stored, len(specs), len(todo))  # fmt: skip
+            asyncio.run(_run(todo, store, total=len(specs), done=stored, args=args))
+            episodes = [store.episodes[s.episode_id] for s in specs if s.episode_id in store.episodes]
+    except (ResumeMismatch, StoreLocked) as exc:
+        sys.stderr.write(f"agentboost eval: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\ninterrupted: finished episodes are in {out / 'episodes.jsonl'}; "
+                         "run the same command again to resume\n")  # fmt: skip
+        return 130
+    missing = len(specs) - len(episodes)
+    if missing:  # only possible if the runner lost episodes, which it must not
+        raise RuntimeError(f"{missing} episodes have no record")
+    title = f"agentboost eval: {args.example or args.env or 'arithmetic'}"
+    report = build_report(episodes, ks=ks, threshold=args.threshold, expected_per_task=args.n)
+    written = report.write(out, title=title, plots=not args.no_plots)
+    sys.stdout.write(report.to_markdown(title) + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
+    return 0
+
+
+def _todo(specs: list[EpisodeSpec], store: EpisodeStore, *, retry_failed: bool) -> list[EpisodeSpec]:
+    todo = []
+    for spec in specs:
+        stored = store.episodes.get(spec.episode_id)
+        if stored is None or (retry_failed and stored.termination is Termination.INFRA_ERROR):
+            todo.append(spec)
+    return todo
+
+
+async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done: int, args: argparse.Namespace):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=done, desc="eval", unit="ep", file=sys.stderr)
+    successes = 0
+
+    def finished(episode: Any) -> None:
+        nonlocal successes
+        store.add(episode)
+        successes += bool(episode.is_correct) if episode.is_correct is not None else episode.reward >= args.threshold
+        bar.update(1)
+        bar.set_postfix(success=f"{successes}/{bar.n - done}", end=episode.termination.value)
+
+    try:
+        await run_specs(todo, concurrency=args.concurrency, workers=args.workers, on_done=finished)
+    finally:
+        bar.close()

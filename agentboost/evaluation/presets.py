@@ -1,0 +1,30 @@
+"""Named example environments for ``agentboost eval --example NAME`` (environment + system prompt)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..utils.refs import resolve
+
+
+@dataclass(frozen=True)
+class Preset:
+    env: str
+    system_prompt: str | None = None
+    """Reference to the example's system prompt constant (``module:ATTR``)."""
+    agent_factory: str | None = None
+    needs_data: bool = True
+
+    def resolved_system_prompt(self) -> str | None:
+        return resolve(self.system_prompt) if self.system_prompt else None
+
+
+PRESETS: dict[str, Preset] = {
+    "arithmetic": Preset(
+        "agentboost.environments.arithmetic:ArithmeticEnv",
+        "agentboost.environments.arithmetic:SYSTEM_PROMPT",
+        needs_data=False,
+    ),
+    "math": Preset("agentboost.environments.math_env:MathEnv", "agentboost.environments.math_env:SYSTEM_PROMPT"),
+    "code": Preset("agentboost.environments.code_env:CodeEnv", "agentboost.environments.code_env:SYSTEM_PROMPT"),
+}

@@ -1,0 +1,38 @@
+"""Run many episode specs: in this process, or through the worker pool. Shared by the CLIs.
+
+``workers=0`` runs episodes on this process's event loop (fine for HTTP backends and tests);
+``workers>0`` runs them in :class:`~agentboost.agents.strands_process_pool.StrandsProcessPool`
+worker processes, isolated from each other and from the caller. Either way at most
+``concurrency`` episodes are in flight and ``on_done`` sees every episode as it finishes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from .episode import Episode
+from .runs import EpisodeSpec, run_many
+
+logger = logging.getLogger(__name__)
+
+OnDone = Callable[[Episode], Awaitable[None] | None]
+_NO_TORCH_BACKENDS = ("http://", "https://", "py:")
+
+
+async def run_specs(
+    specs: Sequence[EpisodeSpec], *, concurrency: int = 16, workers: int = 0, on_done: OnDone | None = None
+) -> list[Episode]:
+    """Run ``specs``; returns their episodes in completion order."""
+    if not specs:
+        return []
+    if workers <= 0:
+        return await run_many(specs, concurrency=concurrency, on_done=on_done)
+    from .agents.strands_process_pool import PoolConfig, StrandsProcessPool
+
+    needs_torch = any(not s.model.backend.startswith(_NO_TORCH_BACKENDS) for s in specs)
+    config = PoolConfig(workers=workers, max_in_flight=max(1, concurrency), torch_in_workers=needs_torch)
+    async with StrandsProcessPool(config) as pool:
+        episodes = await pool.map(specs, on_done=on_done)
+        logger.info("pool stats: %s", pool.stats())
+        return episodes

@@ -1,0 +1,147 @@
+"""The evaluator: unbiased pass@k / pass^k, the resumable store, and ``agentboost eval`` end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agentboost.episode import Episode
+from agentboost.evaluation import EpisodeStore, ResumeMismatch, build_report, pass_at_k, pass_hat_k
+from agentboost.evaluation.store import StoreLocked
+from agentboost.types import Termination
+from tests.eval_tools import rows, succeeds
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- estimators ---------------------------------------------------------------------------------
+def _brute(n: int, c: int, k: int) -> tuple[float, float]:
+    """Average over every k-subset of n samples of which the first c are correct."""
+    subsets = list(itertools.combinations(range(n), k))
+    any_ok = sum(any(i < c for i in s) for s in subsets) / len(subsets)
+    all_ok = sum(all(i < c for i in s) for s in subsets) / len(subsets)
+    return any_ok, all_ok
+
+
+@given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_estimators_equal_the_subset_average(nck: tuple[int, int, int]) -> None:
+    n, c, k = nck
+    any_ok, all_ok = _brute(n, c, k)
+    assert pass_at_k(n, c, k) == pytest.approx(any_ok, abs=1e-12)
+    assert pass_hat_k(n, c, k) == pytest.approx(all_ok, abs=1e-12)
+
+
+def test_estimators_at_scale_and_bad_input() -> None:
+    assert pass_at_k(200, 13, 100) == pytest.approx(1 - math.comb(187, 100) / math.comb(200, 100), rel=1e-9)
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3) and pass_hat_k(10, 3, 1) == pytest.approx(0.3)
+    for bad in [(4, 1, 5), (4, 5, 1), (0, 0, 1), (4, 1, 0)]:
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+
+
+# -- store --------------------------------------------------------------------------------------
+def _episode(eid: str, ok: bool) -> Episode:
+    e = Episode(id=eid, task_id=eid.split(":", maxsplit=1)[0], termination=Termination.COMPLETED)
+    e.reward, e.is_correct = float(ok), ok
+    return e
+
+
+def test_store_resumes_discards_a_torn_line_and_refuses_corruption_and_other_settings(tmp_path) -> None:
+    fp = {"data": "abc", "n": 2}
+    with EpisodeStore(tmp_path, fp) as store:
+        store.add(_episode("a:0", True))
+        store.add(_episode("a:1", False))
+        with pytest.raises(StoreLocked):
+            EpisodeStore(tmp_path, fp).open()
+    path = tmp_path / "episodes.jsonl"
+    with open(path, "a") as fh:
+        fh.write(_episode("b:0", True).to_json()[:40])  # killed mid-write
+    with EpisodeStore(tmp_path, fp) as store:
+        assert sorted(store.episodes) == ["a:0", "a:1"] and store.discarded_partial_line
+        store.add(_episode("a:1", True))  # a retried episode: the last record wins
+    with EpisodeStore(tmp_path, fp) as store:
+        assert store.episodes["a:1"].is_correct is True and len(path.read_text().splitlines()) == 3
+    with pytest.raises(ResumeMismatch, match="n: stored 2 != now 3"):
+        EpisodeStore(tmp_path, {"data": "abc", "n": 3}).open()
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{not json", lines[1]]) + "\n")
+    with pytest.raises(ValueError, match="corrupt record"):
+        EpisodeStore(tmp_path, fp).open()
+    with EpisodeStore(tmp_path, {"other": 1}, overwrite=True) as store:
+        assert store.episodes == {} and not path.read_text()
+
+
+def test_report_counts_successes_per_task() -> None:
+    episodes = [_episode(f"t{i}:{k}", succeeds(f"t{i}:{k}")) for i in range(6) for k in range(3)]
+    data = build_report(episodes, ks=[1, 2, 3]).data
+    # each task has exactly one success among its 3 samples
+    assert data["pass_at_k"] == {"1": pytest.approx(1 / 3), "2": pytest.approx(2 / 3), "3": pytest.approx(1.0)}
+    assert data["pass_hat_k"]["1"] == pytest.approx(1 / 3) and data["pass_hat_k"]["2"] == 0.0
+    assert data["tasks"] == 6 and data["samples_per_task"] == 3
+
+
+# -- end to end: kill and resume ----------------------------------------------------------------
+def _eval_cmd(data: Path, out: Path, n: int, workers: int) -> list[str]:
+    return [sys.executable, "-m", "agentboost.cli.main", "eval", "--env", "tests.eval_tools:LoggedEnv",
+            "--data", str(data), "--n", str(n), "--k", "1", "--k", str(n), "--out", str(out),
+            "--backend", "py:tests.pool_tools:directed_backend", "--tokenizer", "offline:qwen2.5",
+            "--workers", str(workers), "--concurrency", "2", "--no-plots"]  # fmt: skip
+
+
+def _records(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [json.loads(line)["id"] for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def test_eval_resumes_after_a_kill_without_recomputing(tmp_path) -> None:
+    data, out, log = tmp_path / "data.jsonl", tmp_path / "out", tmp_path / "ran.log"
+    n, tasks = 3, 8
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows(tasks, seconds=0.3)))
+    env = {**os.environ, "AGENTBOOST_TEST_EVAL_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen(_eval_cmd(data, out, n, workers=1), cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 240
+    while len(_records(out / "episodes.jsonl")) < 6:
+        assert first.poll() is None, first.communicate()[1].decode()[-3000:]
+        assert time.monotonic() < deadline, "the first run stored too few episodes in time"
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)  # the whole group: driver and pool workers
+    first.wait()
+    stored_before = set(_records(out / "episodes.jsonl"))
+    assert 6 <= len(stored_before) < n * tasks
+    ran_before = log.read_text().splitlines()
+
+    second = subprocess.run(_eval_cmd(data, out, n, workers=1), cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"{len(stored_before)} of {n * tasks} episodes already stored" in second.stderr
+    ran_after = log.read_text().splitlines()[len(ran_before) :]
+    assert not set(ran_after) & stored_before  # nothing finished was recomputed
+    final = _records(out / "episodes.jsonl")
+    assert sorted(set(final)) == sorted(f"t{i}:{k}" for i in range(tasks) for k in range(n))  # nothing lost
+    assert len(final) == len(set(final))
+    report = json.loads((out / "report.json").read_text())
+    expected = [sum(succeeds(f"t{i}:{k}") for k in range(n)) for i in range(tasks)]
+    assert report["pass_at_k"]["1"] == pytest.approx(sum(expected) / (n * tasks))
+    assert report["pass_at_k"][str(n)] == pytest.approx(sum(c > 0 for c in expected) / tasks)
+    assert report["tool_outcomes"]["slow"]["calls"] == n * tasks and "| slow |" in (out / "report.md").read_text()
+
+    # Same command once more: everything is stored, nothing runs. Other settings: refused.
+    third = subprocess.run(_eval_cmd(data, out, n, workers=0), cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert third.returncode == 0 and len(log.read_text().splitlines()) == len(ran_before) + len(ran_after)
+    other = subprocess.run(_eval_cmd(data, out, n + 1, workers=0), cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert other.returncode == 2 and "different settings (n)" in other.stderr
