@@ -16,6 +16,7 @@ Rules (each closes a way the reward of the system we replace could be gamed):
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -40,8 +41,13 @@ def final_program(text: str) -> str | None:
 
 
 def tests_of(task: dict[str, Any], key: str) -> list[TestCase]:
-    """The task's tests under ``key`` (dicts as in DeepCoder's rows, or TestCase objects)."""
+    """The task's tests under ``key``: a list (or JSON string of a list) of test dicts or TestCases."""
     raw = task.get(key) or []
+    if isinstance(raw, str):  # rows stored as parquet keep heterogeneous tests as a JSON string
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"task field {key!r} is not valid JSON: {exc.msg}") from None
     if not isinstance(raw, list):
         raise TypeError(f"task field {key!r} must be a list of tests")
     return [t if isinstance(t, TestCase) else TestCase.from_dict(t) for t in raw[:MAX_TESTS]]

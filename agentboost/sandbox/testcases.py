@@ -4,7 +4,8 @@ Two kinds of tests (the formats of TACO / LiveCodeBench / DeepCoder):
 
 * ``stdin``: feed ``input`` on stdin, compare stdout with ``output``;
 * ``call``: call function ``fn_name`` (or ``Solution().fn_name`` when the program defines a
-  ``Solution`` class) with the JSON-decoded ``input`` arguments, compare the JSON result.
+  ``Solution`` class) with the ``input`` arguments (a list, or LiveCodeBench's string with one JSON
+  value per line, one line per argument), compare the JSON result.
 
 The comparison happens here, in the trusted process, from what the sandbox printed: nothing the
 program does can mark a test as passed except producing the expected output. Outputs are compared
@@ -43,7 +44,10 @@ class TestCase:
         fn_name = data.get("fn_name") or (data.get("metadata") or {}).get("func_name")
         if kind == "call" and not fn_name:
             raise ValueError("a call-based test needs fn_name")
-        return cls(input=data["input"], output=data["output"], kind=kind, fn_name=fn_name)
+        value = data["input"]
+        if kind == "call" and isinstance(value, str):
+            value = _call_arguments(value)
+        return cls(input=value, output=data["output"], kind=kind, fn_name=fn_name)
 
     def to_dict(self) -> dict[str, Any]:
         return {"input": self.input, "output": self.output, "kind": self.kind, "fn_name": self.fn_name}
@@ -59,6 +63,14 @@ class TestOutcome:
     @property
     def passed(self) -> bool:
         return self.verdict == PASSED
+
+
+def _call_arguments(text: str) -> list[Any]:
+    """LiveCodeBench's functional input: one JSON value per line, one line per argument."""
+    try:
+        return [json.loads(line) for line in text.split("\n") if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"call-based test input is not one JSON value per line: {exc.msg}") from None
 
 
 def _lines(text: str) -> list[str]:

@@ -1,70 +1,107 @@
-"""Prepare the DeepCoder example's data and register it with rLLM's DatasetRegistry.
+"""Prepare the DeepCoder example's data (``agentica-org/DeepCoder-Preview-Dataset``).
 
-Source: ``agentica-org/DeepCoder-Preview-Dataset`` (train: ``primeintellect`` + ``taco`` +
-``lcbv5``; test: ``lcbv5``). Each problem's ``tests`` (a JSON list of ``{"input", "output",
-"testtype", "metadata": {"func_name"}}``) becomes the hidden tests the reward runs in the sandbox; the
-first ``--public`` of them are shown to the agent through its ``run_tests`` tool.
+Train: the ``primeintellect``, ``taco`` and ``lcbv5`` subsets; test: ``lcbv5``. Every problem's tests
+(three formats upstream: LiveCodeBench lists, TACO ``{"inputs", "outputs", "fn_name"}`` dicts,
+PrimeIntellect lists) become one list of ``{"input", "output", "testtype", "fn_name"}``: all of them
+are the hidden tests the reward runs in the sandbox; the first ``--public`` are also available to
+the agent through its ``run_tests`` tool. No test is ever put into the prompt. Rows are written as
+``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_deepcoder`` when rLLM is
+installed.
 
-    python examples/deepcoder/prepare_deepcoder_data.py [--train-limit N] [--public 2]
+    python examples/deepcoder/prepare_deepcoder_data.py [--limit N] [--public 2] [--cache-dir DIR]
+    python examples/deepcoder/prepare_deepcoder_data.py --sample          # shipped sample, offline
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import logging
+from pathlib import Path
+from typing import Any
+
+from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+from agentboost.sandbox.testcases import TestCase
 
 logger = logging.getLogger("prepare_deepcoder_data")
+HERE = Path(__file__).resolve().parent
+DATASET = "agentica-org/DeepCoder-Preview-Dataset"
+TRAIN_SUBSETS = ("primeintellect", "taco", "lcbv5")
+TEST_SUBSETS = ("lcbv5",)
 
 
-def convert(row: dict, source: str, index: int, public: int) -> dict | None:
-    tests = row.get("tests")
-    if isinstance(tests, str):
-        try:
-            tests = json.loads(tests)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(tests, list) or not tests or not row.get("problem"):
-        return None
-    clean = []
+def _parse(tests: Any) -> Any:
+    if not isinstance(tests, str):
+        return tests
+    try:
+        return json.loads(tests)
+    except json.JSONDecodeError:
+        return ast.literal_eval(tests)  # a literal, never code: PrimeIntellect stores Python reprs
+
+
+def normalise_tests(tests: Any) -> list[dict[str, Any]]:
+    """Any of the three upstream test formats -> a list of TestCase dicts (raises on anything else)."""
+    tests = _parse(tests)
+    if isinstance(tests, dict):  # TACO
+        inputs, outputs = tests.get("inputs") or [], tests.get("outputs") or []
+        if len(inputs) != len(outputs):
+            raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs")
+        fn_name = tests.get("fn_name")
+        tests = [{"input": i, "output": o, "testtype": "functional" if fn_name else "stdin", "fn_name": fn_name}
+                 for i, o in zip(inputs, outputs, strict=True)]  # fmt: skip
+    if not isinstance(tests, list) or not tests:
+        raise ValueError("no tests")
+    out = []
     for t in tests:
         if not isinstance(t, dict) or "input" not in t or "output" not in t:
-            return None
-        test = {"input": t["input"], "output": t["output"], "testtype": t.get("testtype", "stdin")}
-        fn = t.get("fn_name") or (t.get("metadata") or {}).get("func_name")
-        if fn:
-            test["fn_name"] = fn
-        clean.append(test)
-    return {"prompt": row["problem"], "tests": clean, "public_tests": clean[:public],
-            "task_id": f"{source}-{index}", "data_source": source}  # fmt: skip
-
-
-def load(subset: str, split: str, public: int, limit: int | None) -> list[dict]:
-    from datasets import load_dataset
-
-    out = []
-    for i, row in enumerate(load_dataset("agentica-org/DeepCoder-Preview-Dataset", subset, split=split)):
-        if limit is not None and len(out) >= limit:
-            break
-        converted = convert(row, subset, i, public)
-        if converted is not None:
-            out.append(converted)
-    logger.info("%s/%s: %d problems", subset, split, len(out))
+            raise ValueError(f"malformed test {str(t)[:80]!r}")
+        fn_name = t.get("fn_name") or (t.get("metadata") or {}).get("func_name")
+        kind = "functional" if fn_name or t.get("testtype") == "functional" else "stdin"
+        case = TestCase.from_dict({"input": t["input"], "output": t["output"], "testtype": kind, "fn_name": fn_name})
+        row = {"input": case.input, "output": case.output, "testtype": kind}
+        if case.fn_name:
+            row["fn_name"] = case.fn_name
+        out.append(row)
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-limit", type=int, default=None, help="per subset")
-    parser.add_argument("--public", type=int, default=2, help="tests shown to the agent")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from rllm.data.dataset import DatasetRegistry
+def converter(source: str, split: str, public: int):
+    def convert(row: dict[str, Any], index: int) -> dict[str, Any] | None:
+        problem = row.get("problem")
+        if not isinstance(problem, str) or not problem.strip():
+            return None
+        try:
+            tests = normalise_tests(row.get("tests"))
+        except (ValueError, SyntaxError, TypeError) as exc:
+            logger.debug("%s-%d rejected: %s", source, index, exc)
+            return None
+        # JSON strings: parquet (rLLM's registry) cannot hold tests whose inputs mix str and list.
+        return {"prompt": problem.strip(), "tests": json.dumps(tests), "public_tests": json.dumps(tests[:public]),
+                "task_id": f"{source}-{split}-{index}", "data_source": source}  # fmt: skip
 
-    train = [r for s in ("primeintellect", "taco", "lcbv5") for r in load(s, "train", args.public, args.train_limit)]
-    DatasetRegistry.register_dataset("strands_deepcoder", train, "train")
-    DatasetRegistry.register_dataset("strands_deepcoder", load("lcbv5", "test", args.public, None), "test")
+    return convert
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, default_out="data/strands_deepcoder")
+    parser.add_argument("--public", type=int, default=2, help="tests the agent may run through its tool")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    splits: dict[str, list[dict[str, Any]]] = {}
+    for split, subsets in (("train", TRAIN_SUBSETS), ("test", TEST_SUBSETS)):
+        rows: list[dict[str, Any]] = []
+        for subset in subsets:
+            if args.sample:
+                raw = file_rows(HERE / "sample" / f"{subset}_{split}.jsonl")
+            else:
+                raw = hub_rows(DATASET, config=subset, split=split, cache_dir=args.cache_dir)
+            rows += convert_rows(raw, converter(subset, split, args.public), limit=args.limit, desc=f"{subset}/{split}")
+        splits[split] = rows
+    write_dataset("strands_deepcoder", splits, args.out_dir, register=args.register)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

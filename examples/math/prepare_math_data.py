@@ -1,50 +1,55 @@
-"""Prepare the math example's data and register it with rLLM's DatasetRegistry.
+"""Prepare the math example's data: DeepScaleR-Preview for training, AIME 2024 for validation.
 
-Train: DeepScaleR-Preview (``agentica-org/DeepScaleR-Preview-Dataset``, problem/answer). Validation:
-AIME 2024 (``HuggingFaceH4/aime_2024``). Rows become ``{"prompt", "answer", "task_id", "data_source"}``;
-rLLM stores each row in ``extra_info`` and the trainer builds ``MathEnv.from_dict(row)`` from it.
+Rows become ``{"prompt", "answer", "task_id", "data_source"}``; rLLM stores each row in
+``extra_info`` and the trainer builds ``MathEnv.from_dict(row)`` from it. The splits are written as
+``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_math`` when rLLM is
+installed.
 
-    python examples/math/prepare_math_data.py [--train-limit N]
+    python examples/math/prepare_math_data.py                       # full data from the HF hub
+    python examples/math/prepare_math_data.py --limit 512 --cache-dir /data/hf
+    python examples/math/prepare_math_data.py --sample              # the shipped sample, offline
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
+from typing import Any
 
-logger = logging.getLogger("prepare_math_data")
+from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+
+HERE = Path(__file__).resolve().parent
+TRAIN = ("agentica-org/DeepScaleR-Preview-Dataset", "train", "deepscaler")
+TEST = ("HuggingFaceH4/aime_2024", "train", "aime2024")
 
 
-def rows(name: str, split: str, source: str, limit: int | None) -> list[dict]:
-    from datasets import load_dataset
-
-    data = load_dataset(name, split=split)
-    out = []
-    for i, row in enumerate(data):
-        if limit is not None and i >= limit:
-            break
+def converter(source: str):
+    def convert(row: dict[str, Any], index: int) -> dict[str, Any] | None:
         problem, answer = row.get("problem") or row.get("question"), row.get("answer")
-        if not problem or answer in (None, ""):
-            continue
-        out.append({"prompt": str(problem), "answer": str(answer), "task_id": f"{source}-{i}", "data_source": source})
-    logger.info("%s: %d rows", source, len(out))
-    return out
+        if not isinstance(problem, str) or not problem.strip() or answer is None or str(answer).strip() == "":
+            return None
+        task_id = f"{source}-{row.get('id', index)}"
+        return {"prompt": problem.strip(), "answer": str(answer).strip(), "task_id": task_id, "data_source": source}
+
+    return convert
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--train-limit", type=int, default=None)
-    args = parser.parse_args()
+    add_common_arguments(parser, default_out="data/strands_math")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from rllm.data.dataset import DatasetRegistry
-
-    DatasetRegistry.register_dataset(
-        "strands_math",
-        rows("agentica-org/DeepScaleR-Preview-Dataset", "train", "deepscaler", args.train_limit),
-        "train",
-    )
-    DatasetRegistry.register_dataset("strands_math", rows("HuggingFaceH4/aime_2024", "train", "aime2024", None), "test")
+    splits = {}
+    for split, (name, hub_split, source) in (("train", TRAIN), ("test", TEST)):
+        if args.sample:
+            raw = file_rows(HERE / "sample" / f"{source}.jsonl")
+        else:
+            raw = hub_rows(name, split=hub_split, cache_dir=args.cache_dir)
+        splits[split] = convert_rows(raw, converter(source), limit=args.limit, desc=source)
+    write_dataset("strands_math", splits, args.out_dir, register=args.register)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
