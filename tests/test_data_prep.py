@@ -80,3 +80,16 @@ def test_functional_string_inputs_are_one_json_value_per_line() -> None:
     assert case == {"input": [[1, 2], 3], "output": "1", "testtype": "functional", "fn_name": "f"}
     with pytest.raises(ValueError):
         prep.normalise_tests({"inputs": ["1"], "outputs": []})
+
+
+def test_rag_sample_rows(tmp_path) -> None:
+    prep = _script("examples/rag/prepare_rag_data.py")
+    argv = ["--sample", "--out-dir", str(tmp_path), "--register", "no", "--retrieval-url", "http://h:1"]
+    assert prep.main(argv) == 0
+    rows = load_rows(tmp_path / "test.jsonl")
+    assert len(rows) == 16 and all(r["retrieval_url"] == "http://h:1" for r in rows)
+    assert {r["type"] for r in rows} == {"bridge", "comparison"} and len(rows[0]["supporting_titles"]) == 2
+    from agentboost.environments.rag_env import RagEnv
+
+    env = RagEnv.from_dict(rows[0])
+    assert env.reset()[0]["prompt"] == rows[0]["question"] and [t.tool_name for t in env.tools] == ["retrieve"]

@@ -27,4 +27,5 @@ PRESETS: dict[str, Preset] = {
     ),
     "math": Preset("agentboost.environments.math_env:MathEnv", "agentboost.environments.math_env:SYSTEM_PROMPT"),
     "code": Preset("agentboost.environments.code_env:CodeEnv", "agentboost.environments.code_env:SYSTEM_PROMPT"),
+    "rag": Preset("agentboost.environments.rag_env:RagEnv", "agentboost.environments.rag_env:SYSTEM_PROMPT"),
 }

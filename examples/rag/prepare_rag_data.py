@@ -1,0 +1,70 @@
+"""Prepare the RAG example's data: HotpotQA questions (``hotpotqa/hotpot_qa``) for multi-hop retrieval.
+
+Rows become ``{"question", "answer", "type", "level", "supporting_titles", "task_id", "data_source"}``
+(the gold paragraphs are never in the row the agent sees: it has to retrieve them). Train: the
+``train`` split; test: ``validation``. Written as ``<out-dir>/{train,test}.jsonl`` and registered as
+rLLM dataset ``strands_rag`` when rLLM is installed. The retrieval server must serve a corpus that
+contains the answers (README: the full Wikipedia index; ``--sample`` pairs with the shipped corpus).
+
+    python examples/rag/prepare_rag_data.py --limit 20000 --cache-dir /data/hf
+    python examples/rag/prepare_rag_data.py --sample     # shipped questions over the shipped corpus, offline
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+from agentboost.retrieval.index import SHIPPED_CORPUS
+
+DATASET = "hotpotqa/hotpot_qa"
+SAMPLE = SHIPPED_CORPUS.with_name("sample_questions.jsonl")
+
+
+def converter(source: str):
+    def convert(row: dict[str, Any], index: int) -> dict[str, Any] | None:
+        question, answer = row.get("question"), row.get("answer")
+        if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or not answer.strip():
+            return None
+        facts = row.get("supporting_facts") or {}
+        titles = sorted(set(facts.get("title") or [])) if isinstance(facts, dict) else []
+        return {
+            "question": question.strip(),
+            "answer": answer.strip(),
+            "type": row.get("type"),
+            "level": row.get("level"),
+            "supporting_titles": titles or list(row.get("supporting_ids") or []),
+            "task_id": f"{source}-{row.get('id', index)}",
+            "data_source": source,
+        }
+
+    return convert
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, default_out="data/strands_rag")
+    parser.add_argument("--config", default="fullwiki", choices=["fullwiki", "distractor"])
+    parser.add_argument("--retrieval-url", default=None,
+                        help="store this server URL in every row (else: $AGENTBOOST_RETRIEVAL_URL)")  # fmt: skip
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    splits = {}
+    for split, hub_split in (("train", "train"), ("test", "validation")):
+        if args.sample:  # the same 16 questions in both splits: a smoke test, not a benchmark
+            raw = file_rows(SAMPLE)
+        else:
+            raw = hub_rows(DATASET, config=args.config, split=hub_split, cache_dir=args.cache_dir)
+        source = "sample" if args.sample else f"hotpotqa-{hub_split}"
+        splits[split] = convert_rows(raw, converter(source), limit=args.limit, desc=source)
+        if args.retrieval_url:
+            for row in splits[split]:
+                row["retrieval_url"] = args.retrieval_url
+    write_dataset("strands_rag", splits, args.out_dir, register=args.register)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
