@@ -198,6 +198,7 @@ async def run_episode(
         termination = Termination.INFRA_ERROR
 
     reward_s = 0.0
+    episode.termination, episode.termination_detail = termination, detail  # reward functions may read it
     if settings.is_masked(termination):
         episode.masked = True
     else:

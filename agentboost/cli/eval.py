@@ -101,7 +101,8 @@ def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
         rows = make_tasks(args.limit or 16, seed=0, split="eval")
     else:
         raise SystemExit("agentboost eval: --data is required for this environment")
-    agent = AgentSpec(env=env or "", env_args=dict(args.env_arg), agent_factory=args.agent,
+    agent_factory = args.agent or (preset.agent_factory if preset is not None and system_prompt is None else None)
+    agent = AgentSpec(env=env or "", env_args=dict(args.env_arg), agent_factory=agent_factory,
                       system_prompt=system_prompt)  # fmt: skip
     return agent, rows
 

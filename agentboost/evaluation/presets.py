@@ -27,5 +27,8 @@ PRESETS: dict[str, Preset] = {
     ),
     "math": Preset("agentboost.environments.math_env:MathEnv", "agentboost.environments.math_env:SYSTEM_PROMPT"),
     "code": Preset("agentboost.environments.code_env:CodeEnv", "agentboost.environments.code_env:SYSTEM_PROMPT"),
+    "tau2": Preset(
+        "agentboost.environments.tau2_env:Tau2Env", agent_factory="agentboost.environments.tau2_env:tau2_agent"
+    ),  # policy per domain
     "rag": Preset("agentboost.environments.rag_env:RagEnv", "agentboost.environments.rag_env:SYSTEM_PROMPT"),
 }
