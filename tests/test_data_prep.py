@@ -87,7 +87,7 @@ def test_rag_sample_rows(tmp_path) -> None:
     argv = ["--sample", "--out-dir", str(tmp_path), "--register", "no", "--retrieval-url", "http://h:1"]
     assert prep.main(argv) == 0
     rows = load_rows(tmp_path / "test.jsonl")
-    assert len(rows) == 16 and all(r["retrieval_url"] == "http://h:1" for r in rows)
+    assert len(rows) == 30 and all(r["retrieval_url"] == "http://h:1" for r in rows)
     assert {r["type"] for r in rows} == {"bridge", "comparison"} and len(rows[0]["supporting_titles"]) == 2
     from agentboost.environments.rag_env import RagEnv
 

@@ -14,12 +14,14 @@ from .strands_env import StrandsEnv
 
 SYSTEM_PROMPT = (
     "You answer questions using a document collection. Search it with the `retrieve` tool, as often as you "
-    "need: questions may need facts from several documents. When you know the answer, reply with only the "
-    "answer inside <answer></answer> tags, as short as possible (a name, a number, yes or no)."
+    "need: questions may need facts from several documents, so look up what one passage tells you to find "
+    "the next. When you know the answer, reply with only the answer inside <answer></answer> tags, as short "
+    "as possible (a name, a number, yes or no)."
 )
 
 
 def rag_tools(task: dict[str, Any]) -> list[Any]:
+    """A fresh ``retrieve`` tool bound to the task's retrieval server."""
     from ..tools.retrieve_tool import make_retrieve_tool, retrieval_url
 
     return [make_retrieve_tool(retrieval_url(task))]

@@ -1,164 +1,138 @@
-"""Auto-batching HTTP retrieval server.
+"""Auto-batching HTTP retrieval server (aiohttp).
 
-``POST /retrieve`` with ``{"queries": ["..."], "k": 3}`` returns ``{"results": [[{"id", "title",
-"text", "score"}, ...], ...]}`` (one list per query); ``GET /health`` returns the index manifest.
-Queries of concurrent requests are collected for up to ``max_wait_ms`` (or until ``max_batch``
-queries) and embedded in one encoder call, so many agents retrieving at once cost one forward pass.
-Bad input gets a 400 with the reason; every size is capped.
+* ``POST /retrieve`` with ``{"queries": ["..."], "k": 3}`` (or ``{"query": "..."}``) returns
+  ``{"results": [[{"id", "title", "text", "score"}, ...], ...]}``, one list per query, best first.
+* ``GET /health`` returns the index manifest and batching counters.
 
-    python -m agentboost.retrieval.server                       # the shipped corpus, default index
-    python -m agentboost.retrieval.server --index /data/wiki18-minilm --port 8010
+Queries of concurrent requests are embedded together (:class:`~agentboost.retrieval.batching.Retriever`),
+so many agents retrieving at once cost one forward pass. Every size is capped; bad input gets a 400
+(413 for an oversized body) with ``{"error": reason}``, an overloaded server a 503.
+
+    python -m agentboost.retrieval.server                       # the shipped corpus (index built and cached)
+    python -m agentboost.retrieval.server --index /data/wiki18-minilm --device cuda --host 0.0.0.0 --port 8010
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from .batching import Overloaded, Retriever
+
 logger = logging.getLogger(__name__)
 
-MAX_QUERIES = 64
-MAX_QUERY_CHARS = 2000
-MAX_K = 50
-MAX_BODY_BYTES = 1 << 20
+__all__ = ["Limits", "Retriever", "main", "make_app"]
 
 
-@dataclass
-class _Pending:
-    queries: list[str]
-    k: int
-    future: asyncio.Future = field(repr=False)
+@dataclass(frozen=True)
+class Limits:
+    """Caps on one request."""
+
+    max_queries: int = 64
+    max_query_chars: int = 2000
+    max_k: int = 50
+    max_body_bytes: int = 1 << 20
 
 
-class Retriever:
-    """Batches queries from concurrent callers into one encoder call."""
-
-    def __init__(self, encoder: Any, index: Any, *, max_batch: int = 256, max_wait_ms: float = 5.0) -> None:
-        self.encoder, self.index = encoder, index
-        self.max_batch, self.max_wait_s = max_batch, max_wait_ms / 1000
-        self.batches = 0
-        self.queries = 0
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
-
-    async def retrieve(self, queries: list[str], k: int) -> list[list[dict[str, Any]]]:
-        self.start()
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(queries, k, future))
-        return await future
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            size = len(batch[0].queries)
-            deadline = loop.time() + self.max_wait_s
-            while size < self.max_batch:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), timeout)
-                except (TimeoutError, asyncio.TimeoutError):
-                    break
-                batch.append(item)
-                size += len(item.queries)
-            texts = [q for item in batch for q in item.queries]
-            try:
-                vectors = await asyncio.to_thread(self.encoder.encode, texts)
-                hits = await asyncio.to_thread(self.index.search, vectors, max(item.k for item in batch))
-            except Exception as exc:  # every waiting caller gets the error
-                logger.exception("retrieval batch failed")
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                continue
-            self.batches += 1
-            self.queries += len(texts)
-            offset = 0
-            for item in batch:
-                rows = hits[offset : offset + len(item.queries)]
-                offset += len(item.queries)
-                if not item.future.done():
-                    item.future.set_result([row[: item.k] for row in rows])
+def _error(reason: str, status: int = 400) -> web.Response:
+    return web.json_response({"error": reason}, status=status)
 
 
-def _bad(reason: str) -> web.Response:
-    return web.json_response({"error": reason}, status=400)
+def parse_request(body: Any, limits: Limits) -> tuple[list[str], int]:
+    """Validated ``(queries, k)`` of a request body; ``ValueError`` with the reason otherwise."""
+    if not isinstance(body, dict):
+        raise ValueError("body must be a JSON object")
+    queries, k = body.get("queries"), body.get("k", 3)
+    if queries is None and "query" in body:
+        queries = [body["query"]]
+    if not isinstance(queries, list) or not queries:
+        raise ValueError("'queries' must be a non-empty list of strings")
+    if len(queries) > limits.max_queries:
+        raise ValueError(f"at most {limits.max_queries} queries per request")
+    if not all(isinstance(q, str) and q.strip() for q in queries):
+        raise ValueError("every query must be a non-empty string")
+    if any(len(q) > limits.max_query_chars for q in queries):
+        raise ValueError(f"a query may have at most {limits.max_query_chars} characters")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
+        raise ValueError(f"'k' must be an integer in 1..{limits.max_k}")
+    return queries, k
 
 
-def make_app(retriever: Retriever) -> web.Application:
+def make_app(retriever: Retriever, limits: Limits | None = None) -> web.Application:
+    """The aiohttp application serving ``retriever``."""
+    limits = limits or Limits()
+
     async def retrieve(request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except Exception:  # any undecodable body is the client error
-            return _bad("body must be JSON")
-        if not isinstance(body, dict):
-            return _bad("body must be a JSON object")
-        queries, k = body.get("queries"), body.get("k", 3)
-        if isinstance(body.get("query"), str) and queries is None:
-            queries = [body["query"]]
-        if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q.strip() for q in queries):
-            return _bad("'queries' must be a non-empty list of non-empty strings")
-        if len(queries) > MAX_QUERIES:
-            return _bad(f"at most {MAX_QUERIES} queries per request")
-        if any(len(q) > MAX_QUERY_CHARS for q in queries):
-            return _bad(f"a query may have at most {MAX_QUERY_CHARS} characters")
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-            return _bad(f"'k' must be an integer in 1..{MAX_K}")
-        results = await retriever.retrieve(queries, k)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(f"body larger than {limits.max_body_bytes} bytes", 413)
+        except ValueError:  # JSONDecodeError, bad encoding
+            return _error("body must be JSON")
+        try:
+            queries, k = parse_request(body, limits)
+        except ValueError as exc:
+            return _error(str(exc))
+        try:
+            results = await retriever.retrieve(queries, k)
+        except Overloaded as exc:
+            return _error(f"overloaded: {exc}; retry later", 503)
+        except Exception as exc:  # the batcher already logged it
+            return _error(f"retrieval failed: {type(exc).__name__}", 500)
         return web.json_response({"results": results})
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "index": retriever.index.manifest,
-                                  "batches": retriever.batches, "queries": retriever.queries})  # fmt: skip
+        return web.json_response({"status": "ok", "index": retriever.index.manifest, **retriever.stats()})
+
+    async def on_startup(app: web.Application) -> None:
+        retriever.start()
 
     async def on_cleanup(app: web.Application) -> None:
         await retriever.stop()
 
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=limits.max_body_bytes)
     app.router.add_post("/retrieve", retrieve)
     app.router.add_get("/health", health)
+    app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
     return app
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", default=None, help="index directory from build_index (default: shipped corpus)")
+    parser.add_argument("--model", default=None, help="local encoder directory (default: the offline MiniLM)")
+    parser.add_argument("--device", default="cpu", help="torch device for the query encoder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8010)
+    parser.add_argument("--max-batch", type=int, default=256, help="most queries per encoder call")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0, help="how long a batch waits for more requests")
+    parser.add_argument("--max-pending", type=int, default=8192, help="queries waiting before 503 answers")
+    parser.add_argument("--access-log", action="store_true", help="log every request (off: it costs at high rates)")
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     from .encoder import Encoder
     from .index import VectorIndex, default_index
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", default=None, help="a directory built by agentboost.retrieval.build_index")
-    parser.add_argument("--model", default=None, help="encoder directory (default: the offline MiniLM)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8010)
-    parser.add_argument("--max-batch", type=int, default=256)
-    parser.add_argument("--max-wait-ms", type=float, default=5.0)
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     encoder = Encoder(args.model, device=args.device)
     index = VectorIndex.load(args.index) if args.index else default_index(encoder)
-    if index.manifest.get("model") != encoder.name:
-        raise SystemExit(f"the index was built with {index.manifest.get('model')!r}, the encoder is {encoder.name!r}")
-    logger.info("serving %d documents on http://%s:%d", len(index.docs), args.host, args.port)
-    web.run_app(make_app(Retriever(encoder, index, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms)),
-                host=args.host, port=args.port, print=None)  # fmt: skip
+    if index.manifest.get("model") != encoder.name or index.manifest.get("dim") != encoder.dim:
+        logger.error("the index was built with %r, the encoder is %r", index.manifest.get("model"), encoder.name)
+        return 2
+    retriever = Retriever(
+        encoder, index, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_pending=args.max_pending
+    )
+    logger.info("serving %d documents (%s) on http://%s:%d", len(index), index.backend, args.host, args.port)
+    access_log = logging.getLogger("aiohttp.access") if args.access_log else None
+    web.run_app(make_app(retriever), host=args.host, port=args.port, print=None, access_log=access_log)
     return 0
 
 

@@ -19,25 +19,29 @@ from typing import Any
 
 from ..episode import Episode
 from ..types import RewardOutput
+from .math import last_boxed
 
 MAX_ANSWER_CHARS = 1000
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_TEXT_MACRO = re.compile(r"\\text(?:bf|it|rm)?\{([^{}]*)\}")
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = frozenset(string.punctuation)
 _SPECIAL = ("yes", "no", "noanswer")
 
 
 def normalize_answer(text: str) -> str:
+    """The official normalisation: lower-case, no punctuation, no articles, single spaces."""
     text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def exact_match(prediction: str, truth: str) -> float:
+    """1.0 when the normalised strings are equal, else 0.0."""
     return float(normalize_answer(prediction) == normalize_answer(truth))
 
 
 def f1_score(prediction: str, truth: str) -> float:
+    """Token-level F1 of the normalised strings (0 when a yes/no/noanswer side differs)."""
     pred, gold = normalize_answer(prediction), normalize_answer(truth)
     if (pred in _SPECIAL or gold in _SPECIAL) and pred != gold:
         return 0.0
@@ -57,13 +61,14 @@ def extract_answer(final_text: str) -> str:
     if tags:
         text = tags[-1]
     else:
-        boxed = _BOXED.findall(text)
-        if boxed:
-            text = boxed[-1]
+        boxed = last_boxed(text)
+        if boxed is not None:
+            text = _TEXT_MACRO.sub(r"\1", boxed)
     return text.strip()[:MAX_ANSWER_CHARS]
 
 
 def gold_answers(task: dict[str, Any]) -> list[str]:
+    """The task's accepted answers (``answers`` list or ``answer`` string); ``ValueError`` if none."""
     answers = task.get("answers")
     if answers is None:
         answers = [task.get("answer")]

@@ -17,25 +17,33 @@ import logging
 from typing import Any
 
 from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
-from agentboost.retrieval.index import SHIPPED_CORPUS
+from agentboost.retrieval.corpus import SAMPLE_QUESTIONS, SHIPPED_CORPUS, read_corpus
 
 DATASET = "hotpotqa/hotpot_qa"
-SAMPLE = SHIPPED_CORPUS.with_name("sample_questions.jsonl")
 
 
-def converter(source: str):
+def sample_titles() -> dict[str, str]:
+    """Document id -> title of the shipped corpus (the sample rows name their supporting documents by id)."""
+    return {doc["id"]: doc["title"] for doc in read_corpus(SHIPPED_CORPUS)}
+
+
+def converter(source: str, titles: dict[str, str] | None = None):
+    """Row converter for HotpotQA rows (``supporting_facts``) and the shipped sample (``supporting_ids``)."""
+
     def convert(row: dict[str, Any], index: int) -> dict[str, Any] | None:
         question, answer = row.get("question"), row.get("answer")
         if not isinstance(question, str) or not question.strip() or not isinstance(answer, str) or not answer.strip():
             return None
         facts = row.get("supporting_facts") or {}
-        titles = sorted(set(facts.get("title") or [])) if isinstance(facts, dict) else []
+        supporting = sorted(set(facts.get("title") or [])) if isinstance(facts, dict) else []
+        if not supporting and titles is not None:
+            supporting = [titles.get(str(i), str(i)) for i in row.get("supporting_ids") or []]
         return {
             "question": question.strip(),
             "answer": answer.strip(),
             "type": row.get("type"),
             "level": row.get("level"),
-            "supporting_titles": titles or list(row.get("supporting_ids") or []),
+            "supporting_titles": supporting,
             "task_id": f"{source}-{row.get('id', index)}",
             "data_source": source,
         }
@@ -47,18 +55,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser, default_out="data/strands_rag")
     parser.add_argument("--config", default="fullwiki", choices=["fullwiki", "distractor"])
-    parser.add_argument("--retrieval-url", default=None,
-                        help="store this server URL in every row (else: $AGENTBOOST_RETRIEVAL_URL)")  # fmt: skip
+    parser.add_argument(
+        "--retrieval-url", default=None, help="store this server URL in every row (else: $AGENTBOOST_RETRIEVAL_URL)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     splits = {}
     for split, hub_split in (("train", "train"), ("test", "validation")):
-        if args.sample:  # the same 16 questions in both splits: a smoke test, not a benchmark
-            raw = file_rows(SAMPLE)
+        if args.sample:  # the same shipped questions in both splits: a smoke test, not a benchmark
+            raw = file_rows(SAMPLE_QUESTIONS)
         else:
             raw = hub_rows(DATASET, config=args.config, split=hub_split, cache_dir=args.cache_dir)
         source = "sample" if args.sample else f"hotpotqa-{hub_split}"
-        splits[split] = convert_rows(raw, converter(source), limit=args.limit, desc=source)
+        splits[split] = convert_rows(
+            raw, converter(source, sample_titles() if args.sample else None), limit=args.limit, desc=source
+        )
         if args.retrieval_url:
             for row in splits[split]:
                 row["retrieval_url"] = args.retrieval_url

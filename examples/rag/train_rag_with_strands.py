@@ -12,8 +12,13 @@ from agentboost.integration.train_entry import train_with_rllm
 
 @hydra.main(config_path="pkg://rllm.trainer.config", config_name="agent_ppo_trainer", version_base=None)
 def main(config) -> None:
-    train_with_rllm(config, env_class=RagEnv, dataset="strands_rag", agent_args={"system_prompt": SYSTEM_PROMPT},
-                    prepare_script="examples/rag/prepare_rag_data.py")  # fmt: skip
+    train_with_rllm(
+        config,
+        env_class=RagEnv,
+        dataset="strands_rag",
+        agent_args={"system_prompt": SYSTEM_PROMPT},
+        prepare_script="examples/rag/prepare_rag_data.py",
+    )
 
 
 if __name__ == "__main__":
