@@ -10,6 +10,7 @@ timeout the pool is torn down (its processes killed) and rebuilt, and the caller
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import multiprocessing
@@ -25,6 +26,7 @@ class IsolatedRunner:
         self.max_workers = max_workers
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._retired: list[concurrent.futures.ProcessPoolExecutor] = []
         self.timeouts = 0
 
     def _get_pool(self) -> concurrent.futures.ProcessPoolExecutor:
@@ -40,6 +42,7 @@ class IsolatedRunner:
             if self._pool is not pool:
                 return
             self._pool = None
+            self._retired.append(pool)
         for process in list(getattr(pool, "_processes", {}).values()):
             process.kill()
         pool.shutdown(wait=False, cancel_futures=True)
@@ -62,11 +65,12 @@ class IsolatedRunner:
     async def arun(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         return await asyncio.to_thread(self.run, fn, *args, timeout_s=timeout_s)
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = False) -> None:
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pools = [p for p in (self._pool, *self._retired) if p is not None]
+            self._pool, self._retired = None, []
+        for pool in pools:
+            pool.shutdown(wait=wait, cancel_futures=True)
 
 
 _default: IsolatedRunner | None = None
@@ -78,4 +82,6 @@ def default_runner() -> IsolatedRunner:
     with _default_lock:
         if _default is None:
             _default = IsolatedRunner()
+            # Join the executor threads before interpreter teardown (else they log spurious errors).
+            atexit.register(_default.close, wait=True)
         return _default
