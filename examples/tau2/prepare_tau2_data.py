@@ -6,10 +6,13 @@ Every task is kept whole under ``task`` as JSON (user scenario, initial state, e
 because parquet cannot hold its heterogeneous fields), next
 to ``domain``, ``task_id`` and ``prompt`` (the user scenario, used in solo mode). Rows are written as
 ``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_tau2`` when rLLM is
-installed. With ``--user-url``/``--user-model`` every row carries the user-simulator endpoint.
+installed. With ``--user-url``/``--user-model`` every row carries the user-simulator endpoint (as
+JSON, like ``task``); without them episodes run solo unless ``$AGENTBOOST_TAU2_USER_URL`` and
+``$AGENTBOOST_TAU2_USER_MODEL`` are set where they run.
 
     python examples/tau2/prepare_tau2_data.py --domain both
     python examples/tau2/prepare_tau2_data.py --domain airline --limit 5 --data-dir tau2-bench/data/tau2/domains
+    python examples/tau2/prepare_tau2_data.py --user-url http://localhost:8001/v1 --user-model Qwen/Qwen3-32B
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def domain_rows(data_dir: Path, domain: str, split: str, limit: int | None, user
         row: dict[str, Any] = {"domain": domain, "task": json.dumps(task), "task_id": f"tau2-{domain}-{task['id']}",
                                "prompt": scenario_text(task), "data_source": f"tau2_{domain}"}  # fmt: skip
         if user:
-            row["user"] = user
+            row["user"] = json.dumps(user)
         rows.append(row)
         if limit is not None and len(rows) >= limit:
             break
@@ -63,12 +66,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="at most N tasks per domain and split")
     parser.add_argument("--user-url", default=None, help="OpenAI-compatible endpoint of the user simulator")
     parser.add_argument("--user-model", default=None, help="model name of the user simulator")
+    parser.add_argument("--user-max-turns", type=int, default=30, help="user turns before the episode is cut")
+    parser.add_argument("--user-api-key-env", default="OPENAI_API_KEY", help="variable holding the endpoint's key")
     parser.add_argument("--register", choices=["auto", "yes", "no"], default="auto")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if bool(args.user_url) != bool(args.user_model):
         raise SystemExit("--user-url and --user-model go together")
-    user = {"base_url": args.user_url, "model": args.user_model} if args.user_url else None
+    user = None
+    if args.user_url:
+        user = {"base_url": args.user_url, "model": args.user_model, "max_user_turns": args.user_max_turns,
+                "api_key_env": args.user_api_key_env}  # fmt: skip
     data_dir = Path(args.data_dir) if args.data_dir else default_data_dir()
     domains = DOMAINS if args.domain == "both" else (args.domain,)
     splits = {split: [r for d in domains for r in domain_rows(data_dir, d, split, args.limit, user)]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GRPO on tau2-bench airline/retail with a Strands agent (shared per-episode DB, official reward). 8 GPUs.
-# User side: solo by default; for the simulated user prepare the data with --user-url/--user-model.
+# User side: solo by default. Simulated user (tau2's protocol): an OpenAI-compatible endpoint, e.g.
+#   AGENTBOOST_TAU2_USER_URL=http://user-host:8001/v1 AGENTBOOST_TAU2_USER_MODEL=Qwen/Qwen3-32B bash $0
+# (or prepare the data with --user-url/--user-model). Key: $OPENAI_API_KEY if the endpoint needs one.
 # Prerequisites: README "Training on GPUs" (stack installed, `python apply_patches.py`, data prepared).
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen3-4B-Instruct-2507}
