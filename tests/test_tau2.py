@@ -286,6 +286,26 @@ def _prompt_text(episode) -> str:
     return template_for("qwen2.5").decode(episode.prompt_ids)
 
 
+def test_solo_ticket_keeps_every_scenario_field_verbatim_in_a_fixed_order() -> None:
+    from agentboost.environments.tau2_env import TICKET_SECTIONS, scenario_text
+
+    checked = 0
+    for domain in ("airline", "retail"):
+        for task in _tasks(domain, "train") + _tasks(domain, "test"):
+            ticket, instructions = scenario_text(task), task["user_scenario"]["instructions"]
+            positions = []
+            for key, label in TICKET_SECTIONS:
+                value = (instructions.get(key) or "").strip()
+                if value.strip(" ."):
+                    positions.append(ticket.index(f"{label}:\n{value}"))
+                    checked += 1
+                else:
+                    assert f"{label}:" not in ticket  # tau2's "." placeholders are not shown
+            assert positions == sorted(positions) and positions, task["id"]
+            assert "Domain:" not in ticket and ticket.startswith("Customer ticket")
+    assert checked > 300
+
+
 async def test_solo_episode_system_prompt_has_the_policy_and_the_ticket_is_the_user_message() -> None:
     from agentboost.environments.tau2_env import system_prompt_for
 

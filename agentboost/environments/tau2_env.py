@@ -113,19 +113,41 @@ def system_prompt_for(domain: str, *, solo: bool = False) -> str:
     return "\n".join(lines) + f"\n\n<policy>\n{policy}\n</policy>"
 
 
+TICKET_SECTIONS = (
+    ("reason_for_call", "Reason for the call"),
+    ("known_info", "What the customer knows"),
+    ("unknown_info", "What the customer does not know"),
+    ("task_instructions", "The customer's instructions"),
+)
+"""tau2's structured user instructions, in the order the solo ticket shows them (text kept verbatim)."""
+
+
 def scenario_text(task: dict[str, Any]) -> str:
-    """The task's user scenario as a customer ticket (solo mode's user message; no tau2 import)."""
+    """The task's user scenario as a customer ticket (solo mode's user message; no tau2 import).
+
+    tau2 writes the scenario to the simulated customer ("you" is the customer) and mixes the
+    customer's goal with directions for playing the customer (``task_instructions`` holds both: in
+    airline, passenger details and payment preferences sit there). The text is kept verbatim, not
+    rewritten; the sections are labelled and put in a fixed order, with any unknown field last.
+    """
     scenario = task.get("user_scenario") or {}
     instructions = scenario.get("instructions")
     if isinstance(instructions, dict):
-        parts = [f"{key.replace('_', ' ').capitalize()}: {value}" for key, value in instructions.items()
-                 if value and key != "domain"]  # fmt: skip
-        text = "\n".join(parts)
+        labels = dict(TICKET_SECTIONS)
+        keys = [k for k, _ in TICKET_SECTIONS] + sorted(set(instructions) - set(labels) - {"domain"})
+        parts = []
+        for key in keys:
+            value = str(instructions.get(key) or "").strip()
+            if value.strip(" ."):
+                parts.append(f"{labels.get(key, key.replace('_', ' ').capitalize())}:\n{value}")
+        body = "\n\n".join(parts)
     else:
-        text = str(instructions or "")
+        body = str(instructions or "").strip()
     if scenario.get("persona"):
-        text = f"Persona: {scenario['persona']}\n{text}"
-    return text.strip()
+        body = f"Persona:\n{scenario['persona']}\n\n{body}"
+    if not body:
+        raise ValueError(f"tau2 task {task.get('id')!r} has no user scenario")
+    return f'Customer ticket (written to the customer: "you" is the customer).\n\n{body}'
 
 
 def simulator_scenario(task: dict[str, Any]) -> str:
