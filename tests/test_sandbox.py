@@ -58,7 +58,8 @@ def test_cannot_write_outside_its_directory(sandbox, tmp_path) -> None:
     for target in (tmp_path / "owned.txt", Path.cwd() / "owned-by-sandbox.txt", Path.home() / "owned.txt"):
         result = run(sandbox, f"open({str(target)!r}, 'w').write('x')")
         assert result.exit_code != 0, target
-        assert "Permission denied" in result.stderr or "No such file or directory" in result.stderr
+        refusals = ("Permission denied", "No such file or directory", "Read-only file system")  # hidden: read-only
+        assert any(refusal in result.stderr for refusal in refusals), result.stderr
         assert not target.exists()
 
 
@@ -68,6 +69,35 @@ def test_private_tmp(sandbox) -> None:
     result = run(sandbox, f"open({marker!r}, 'w').write('x')\nprint('wrote')")
     assert result.ok  # it may write its own private /tmp...
     assert not os.path.exists(marker)  # ...which is not ours
+
+
+def test_host_directories_are_hidden(sandbox) -> None:
+    """Gold answers in prepared datasets (working directory, home, rLLM's registry) are not readable."""
+    need(sandbox, "private_tmp")
+    hidden = sandbox.isolation()["hidden_paths"]
+    cwd = os.path.realpath(os.getcwd())
+    interpreter = os.path.realpath(sandbox.isolation()["python"])
+    assert cwd in hidden or interpreter.startswith(cwd + "/"), (cwd, sandbox.isolation())
+    secret = Path("/var/lib") / f"agentboost-test-{os.getpid()}"
+    secret.mkdir(mode=0o755)
+    try:
+        (secret / "answers.jsonl").write_text('{"answer": "204"}')
+        (secret / "answers.jsonl").chmod(0o644)
+        path = str(secret / "answers.jsonl")
+        code = (
+            f"import os\ntry:\n    print(open({path!r}).read())\nexcept OSError as e:\n    print(type(e).__name__)\n"
+            f"print(os.listdir({str(secret)!r}))"
+        )
+        shown = run(Sandbox(SandboxConfig(hidden_paths=())), code)
+        assert shown.stdout.splitlines() == ['{"answer": "204"}', "['answers.jsonl']"]  # readable unless hidden
+        concealed = run(Sandbox(SandboxConfig(hidden_paths=(str(secret),))), code)
+        assert concealed.stdout.splitlines() == ["FileNotFoundError", "[]"]
+        writes = run(Sandbox(SandboxConfig(hidden_paths=(str(secret),))), f"open({str(secret / 'x')!r}, 'w')")
+        assert writes.exit_code != 0 and not (secret / "x").exists()
+    finally:
+        for child in secret.iterdir():
+            child.unlink()
+        secret.rmdir()
 
 
 def test_fork_bomb_is_contained(sandbox) -> None:

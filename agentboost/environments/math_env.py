@@ -8,8 +8,8 @@ from ..rewards.math import math_reward
 from .strands_env import StrandsEnv
 
 SYSTEM_PROMPT = (
-    "You are a careful mathematician. You can run Python with the `python` tool to compute or check "
-    "results. Put your final answer in \\boxed{}."
+    "You are a careful mathematician. You can run Python (standard library only) with the `python` tool to "
+    "compute or check results. Put your final answer in \\boxed{}."
 )
 
 

@@ -4,7 +4,8 @@ Stdlib only and cheap to start (``marshal``, not ``json``: importing ``json`` al
 rest of the launcher). It runs before anything untrusted and must not import agentboost. In order:
 
 1. new network namespace (no interfaces but a down loopback) when ``net`` is requested;
-2. new mount namespace with private tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` when ``mount``;
+2. new mount namespace with private tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` when ``mount``,
+   and an empty read-only tmpfs over each ``hidden`` host directory;
 3. new PID namespace when ``pid``: the launcher forks; the child is PID 1 of the namespace, mounts a
    private ``/proc`` and forks the program as PID 2 (PID 1 ignores default-action signals such as
    the CPU limit's SIGXCPU, so the program must not be PID 1). When PID 1 exits, the kernel kills
@@ -32,7 +33,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 16384, 1 << 18
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 SIGKILL = 9
@@ -97,6 +98,15 @@ def main():
                     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg.get('tmpfs_mb', 64)}m,mode=1777")
         except OSError as exc:
             _note(f"no-mount-namespace {exc}")
+        else:
+            for target in cfg.get("hidden", []):
+                try:
+                    if os.path.isdir(target):
+                        _mount(
+                            "tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555"
+                        )
+                except OSError as exc:
+                    _note(f"no-hide {exc}")
     if cfg.get("pid"):
         try:
             _unshare(CLONE_NEWPID) if root else _user_namespace(CLONE_NEWPID)

@@ -41,6 +41,24 @@ logger = logging.getLogger(__name__)
 LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _MARK = "agentboost-sandbox:"
 _SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
+_SYSTEM_DIRS = frozenset({"/", "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/var", "/tmp", "/run",
+                          "/opt", "/srv", "/home", "/boot", "/mnt", "/media", "/proc", "/sys", "/dev"})  # fmt: skip
+
+
+def _rllm_data_dirs() -> list[str]:
+    """Where rLLM's ``DatasetRegistry`` keeps registered datasets (found without importing rLLM)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("rllm")
+    except (ImportError, ValueError):
+        return []
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return [str(Path(loc) / "data") for loc in locations if (Path(loc) / "data").is_dir()]
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,13 @@ class SandboxConfig:
     """Let the program import installed packages (default: standard library only)."""
     root: str | None = None
     """Where working directories are created (default: /run/agentboost-sandbox as root, else the temp dir)."""
+    hidden_paths: tuple[str, ...] | None = None
+    """Host directories the program must not read (prepared datasets hold gold answers): each is covered
+    by an empty read-only tmpfs in the program's mount namespace. Default: this process's working
+    directory, its home directory (datasets, caches) and rLLM's dataset registry directory. Never
+    hidden: ``/``, system directories, and a directory holding the interpreter or the sandbox root
+    (a stdlib-only sandbox prefers a system interpreter outside them). Needs the mount namespace;
+    ``isolation()["hidden_paths"]`` says which are hidden."""
 
 
 @dataclass
@@ -104,6 +129,7 @@ class Sandbox:
         self._root = Path(root) if root else Path(tempfile.gettempdir()) / "agentboost-sandbox"
         self._root.mkdir(parents=True, exist_ok=True)
         os.chmod(self._root, 0o711)
+        self._hide = self._hide_candidates()
         self.executions = 0
 
     # -- public API ---------------------------------------------------------------------
@@ -174,6 +200,7 @@ class Sandbox:
             "mount": c.private_tmp,
             "pid": c.pid_namespace,
             "private_dirs": private_dirs,
+            "hidden": self._hidden_for(python) if c.private_tmp else [],
             "rlimits": {
                 "RLIMIT_CPU": [c.cpu_s, c.cpu_s + 1],
                 "RLIMIT_AS": c.memory_mb * 1024 * 1024,
@@ -248,20 +275,47 @@ class Sandbox:
         if uid is not None:
             _kill_uid(uid)
 
+    # -- hidden host directories -------------------------------------------------------
+    def _hide_candidates(self) -> list[str]:
+        wanted = self.config.hidden_paths
+        if wanted is None:
+            wanted = (os.getcwd(), os.path.expanduser("~"), *_rllm_data_dirs())
+        root = os.path.realpath(self._root)
+        out: list[str] = []
+        for path in wanted:
+            real = os.path.realpath(path)
+            if real in _SYSTEM_DIRS or any(_inside(real, d) for d in ("/proc", "/sys", "/dev")) or _inside(root, real):
+                continue
+            out.append(real)
+        return list(dict.fromkeys(out))
+
+    def _hidden_for(self, python: str) -> list[str]:
+        """The hidden directories that leave ``python`` (and its installation) reachable."""
+        keep = {os.path.abspath(python), os.path.realpath(python)}
+        if os.path.realpath(python) == os.path.realpath(sys.executable):
+            keep |= {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+        return [d for d in self._hide if not any(_inside(k, d) for k in keep)]
+
     # -- probe -------------------------------------------------------------------------
     def _probe(self) -> dict[str, Any]:
-        candidates = [self.config.python] if self.config.python else [sys.executable, *_SYSTEM_PYTHONS]
-        probe = (
-            "import os, socket, sys\n"
-            "r = {'uid': os.getuid(), 'pid': os.getpid(), 'ppid': os.getppid()}\n"
-            "s = socket.socket(); s.settimeout(0.5)\n"
-            "try:\n    s.connect(('127.0.0.1', 9)); r['net'] = 'open'\n"
-            "except OSError as e:\n    r['net'] = e.errno\n"
-            "r['tmp_entries'] = len(os.listdir('/tmp'))\n"
-            "print(__import__('json').dumps(r))\n"
-        )
+        if self.config.python:
+            candidates = [self.config.python]
+        elif not self.config.site_packages and len(self._hidden_for(sys.executable)) < len(self._hide):
+            candidates = [*_SYSTEM_PYTHONS, sys.executable]  # this interpreter lives in a directory to hide
+        else:
+            candidates = [sys.executable, *_SYSTEM_PYTHONS]
         last_error = ""
         for python in dict.fromkeys(c for c in candidates if c and os.path.exists(c)):
+            probe = (
+                "import os, socket, sys\n"
+                "r = {'uid': os.getuid(), 'pid': os.getpid(), 'ppid': os.getppid()}\n"
+                "s = socket.socket(); s.settimeout(0.5)\n"
+                "try:\n    s.connect(('127.0.0.1', 9)); r['net'] = 'open'\n"
+                "except OSError as e:\n    r['net'] = e.errno\n"
+                "r['tmp_entries'] = len(os.listdir('/tmp'))\n"
+                f"r['hidden'] = [p for p in {self._hidden_for(python)!r} if os.path.isdir(p) and not os.listdir(p)]\n"
+                "print(__import__('json').dumps(r))\n"
+            )
             result = asyncio.run(self._run(probe, "", 20.0, 0, python))
             if result.exit_code == 0:
                 self._python = python
@@ -277,6 +331,7 @@ class Sandbox:
                     "network_namespace": self.config.isolate_network and "no-net-namespace" not in notes,
                     "private_tmp": self.config.private_tmp and self._is_root and "no-mount-namespace" not in notes,
                     "pid_namespace": self.config.pid_namespace and data["pid"] == 2,
+                    "hidden_paths": data["hidden"],
                     "seccomp": False,
                     "notes": result.isolation_notes,
                 }

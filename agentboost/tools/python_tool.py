@@ -23,6 +23,10 @@ def make_python_tool(*, sandbox: Sandbox | None = None, timeout_s: float = 10.0,
     async def python(code: str) -> dict[str, Any]:
         """Run a Python program and see what it prints. Use print() to show results.
 
+        Only the standard library is available (math, fractions, decimal, itertools, functools,
+        collections, statistics, ...): no third-party packages, no network, no files outside the
+        program's own working directory.
+
         Args:
             code: the complete Python program.
         """
