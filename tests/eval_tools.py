@@ -37,3 +37,16 @@ class LoggedEnv(StrandsEnv):
 
 def rows(count: int, seconds: float) -> list[dict[str, Any]]:
     return [{"task_id": f"t{i}", "prompt": f'CALL slow {{"seconds": {seconds}}}'} for i in range(count)]
+
+
+def flaky_reward(task: dict[str, Any], episode: Any) -> RewardOutput:
+    """``logged_reward``, except that it fails for the tasks named in ``$AGENTBOOST_TEST_FLAKY`` (an
+    infrastructure failure: the episode ends in ``infra_error``)."""
+    if task.get("task_id") in os.environ.get("AGENTBOOST_TEST_FLAKY", "").split(","):
+        raise ConnectionError("reward service unreachable")
+    return logged_reward(task, episode)
+
+
+class FlakyEnv(StrandsEnv):
+    def __init__(self, task: dict[str, Any] | None = None, tools: Any = None, reward_fn: Any = None, **kw: Any):
+        super().__init__(task, [slow], flaky_reward, **kw)

@@ -72,7 +72,7 @@ def test_store_resumes_discards_a_torn_line_and_refuses_corruption_and_other_set
         store.add(_episode("a:1", True))  # a retried episode: the last record wins
     with EpisodeStore(tmp_path, fp) as store:
         assert store.episodes["a:1"].is_correct is True and len(path.read_text().splitlines()) == 3
-    with pytest.raises(ResumeMismatch, match="n: stored 2 != now 3"):
+    with pytest.raises(ResumeMismatch, match="n: stored 2, now 3"):
         EpisodeStore(tmp_path, {"data": "abc", "n": 3}).open()
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "{not json", lines[1]]) + "\n")
@@ -80,6 +80,39 @@ def test_store_resumes_discards_a_torn_line_and_refuses_corruption_and_other_set
         EpisodeStore(tmp_path, fp).open()
     with EpisodeStore(tmp_path, {"other": 1}, overwrite=True) as store:
         assert store.episodes == {} and not path.read_text()
+
+
+def test_store_names_each_changed_setting_and_lets_where_change(tmp_path, caplog) -> None:
+    fp = {"settings": {"sampling": {"temperature": 1.0, "top_p": 1.0}}, "where": {"backend": "http://a:8000"}}
+    with EpisodeStore(tmp_path, fp) as store:
+        store.add(_episode("a:0", True))
+    moved = {**fp, "where": {"backend": "http://b:9000"}}
+    with EpisodeStore(tmp_path, moved) as store:  # the server moved: resumed, with a warning
+        assert list(store.episodes) == ["a:0"]
+    assert "where.backend" in caplog.text
+    hotter = {**moved, "settings": {"sampling": {"temperature": 0.7, "top_p": 1.0}}}
+    with pytest.raises(ResumeMismatch, match=r"settings\.sampling\.temperature: stored 1\.0, now 0\.7"):
+        EpisodeStore(tmp_path, hotter).open()
+    EpisodeStore(tmp_path, moved).open().close()  # the refusal released the lock
+    (tmp_path / "report.png").write_bytes(b"stale")
+    with EpisodeStore(tmp_path, hotter, overwrite=True) as store:
+        assert store.episodes == {} and not (tmp_path / "report.png").exists()
+
+
+def test_report_counts_invalid_tool_calls_and_infra_errors() -> None:
+    bad = _episode("t0:0", False)
+    bad.unknown_tool_calls, bad.parse_errors = 1, 2
+    broken = _episode("t0:1", False)
+    broken.termination = Termination.INFRA_ERROR
+    data = build_report([bad, broken, _episode("t0:2", True)], ks=[1]).data
+    unknown = {"calls": 1, "ok": 0, "errors": 1, "timeouts": 0, "truncated": 0, "total_time_s": 0.0, "mean_time_s": 0.0}
+    assert data["tool_outcomes"]["(unknown tool)"] == unknown
+    assert data["tool_outcomes"]["(unparseable call)"]["errors"] == 2
+    assert data["tool_calls_per_episode_histogram"]["3"] == 1 and data["tool_calls_per_episode_histogram"]["0"] == 2
+    assert data["infra_errors"] == 1
+    from agentboost.evaluation.report import EvalReport
+
+    assert "1 episodes ended in `infra_error`" in EvalReport(data).to_markdown()
 
 
 def test_report_counts_successes_per_task() -> None:
@@ -144,4 +177,56 @@ def test_eval_resumes_after_a_kill_without_recomputing(tmp_path) -> None:
     assert third.returncode == 0 and len(log.read_text().splitlines()) == len(ran_before) + len(ran_after)
     other = subprocess.run(_eval_cmd(data, out, n + 1, workers=0), cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=120)  # fmt: skip
-    assert other.returncode == 2 and "different settings (n)" in other.stderr
+    assert other.returncode == 2 and "different settings" in other.stderr and "n: stored 3, now 4" in other.stderr
+    assert "Traceback" not in other.stderr
+
+
+def _run_eval(args: list[str], env: dict, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentboost.cli.main", "eval", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def test_eval_stops_at_once_when_every_episode_fails_and_clears_the_directory(tmp_path) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows(6, seconds=0.0)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    common = ["--env", "tests.eval_tools:LoggedEnv", "--data", str(data), "--n", "3", "--out", str(out),
+              "--backend", "py:tests.pool_tools:directed_backend", "--workers", "0", "--no-plots"]  # fmt: skip
+    broken = _run_eval([*common, "--tokenizer", str(tmp_path / "no-such-tokenizer")], env)
+    assert broken.returncode == 3, broken.stderr[-2000:]
+    assert "ended in infra_error" in broken.stderr and "cleared" in broken.stderr
+    assert "tokenizer directory" in broken.stderr and "no-such-tokenizer" in broken.stderr
+    assert not (out / "episodes.jsonl").exists() and not (out / "manifest.json").exists()  # only failures: cleared
+    fixed = _run_eval([*common, "--tokenizer", "offline:qwen2.5"], env)  # other settings: not refused
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert len(_records(out / "episodes.jsonl")) == 18
+
+
+def test_eval_reports_infra_errors_exits_3_and_retries_them(tmp_path) -> None:
+    data, out = tmp_path / "data.jsonl", tmp_path / "out"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows(4, seconds=0.0)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTBOOST_TEST_FLAKY": "t1"}
+    common = ["--env", "tests.eval_tools:FlakyEnv", "--data", str(data), "--n", "2", "--out", str(out),
+              "--backend", "py:tests.pool_tools:directed_backend", "--tokenizer", "offline:qwen2.5",
+              "--workers", "0", "--no-plots"]  # fmt: skip
+    first = _run_eval(common, env)
+    assert first.returncode == 3, first.stderr[-2000:]
+    assert "2 of 8 episodes ended in infra_error" in first.stderr and "reward service unreachable" in first.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["infra_errors"] == 2 and "Warning: 2 episodes" in (out / "report.md").read_text()
+    env.pop("AGENTBOOST_TEST_FLAKY")
+    second = _run_eval([*common, "--retry-failed"], env)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert json.loads((out / "report.json").read_text())["infra_errors"] == 0
+
+
+def test_eval_input_errors_are_one_line(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    missing = _run_eval(
+        ["--example", "math", "--data", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o")], env
+    )
+    assert missing.returncode == 2 and "nope.jsonl" in missing.stderr and "Traceback" not in missing.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x"}\n{not json\n')
+    malformed = _run_eval(["--example", "math", "--data", str(bad), "--out", str(tmp_path / "o")], env)
+    assert malformed.returncode == 2 and "Traceback" not in malformed.stderr, malformed.stderr[-2000:]

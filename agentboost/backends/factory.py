@@ -53,8 +53,12 @@ def load_tokenizer(ref: str) -> Any:
         from ..offline.tokenizer_builder import load_tokenizer as load_offline
 
         return load_offline(ref.split(":", 1)[1])
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    if ref.startswith(("/", "./", "../", "~")) and not Path(ref).expanduser().is_dir():
+        raise FileNotFoundError(f"tokenizer directory {ref} does not exist")
     return AutoTokenizer.from_pretrained(ref)
 
 

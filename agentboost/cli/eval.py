@@ -4,8 +4,15 @@ Runs ``--n`` samples per dataset row against any backend through the worker pool
 0 runs in this process), with at most ``--concurrency`` episodes in flight. Every finished episode
 is appended to ``<out>/episodes.jsonl`` at once, so an interrupted evaluation resumes where it
 stopped when the same command is run again (finished episodes are never recomputed; changed
-settings are refused). At the end it writes ``report.json``, ``report.md`` and ``report.png``:
-pass@k and pass^k (unbiased estimators), reward, terminations and tool usage.
+settings are refused, except where episodes run: server URLs, request timeouts). At the end it writes
+``report.json``, ``report.md`` and ``report.png``: pass@k and pass^k (unbiased estimators), reward,
+terminations and tool usage.
+
+Infrastructure failures (termination ``infra_error``: server down, bad tokenizer, a crashed worker)
+are not results. When the first episodes of a run all end that way, the run stops at once and says
+why (if nothing but such failures is stored, the output directory is cleared, so the corrected
+command starts afresh). A report that still holds some counts them as failures, says so, and the
+command exits with status 3; ``--retry-failed`` re-runs them.
 
 Examples::
 
@@ -18,10 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +44,14 @@ from ..types import Termination
 from .rollout import _kv, add_model_arguments, add_rollout_arguments, model_spec_from_args, settings_from_args
 
 logger = logging.getLogger(__name__)
+
+FAIL_FAST = 8
+"""When this many episodes (or all, if fewer) are the first of a run and all end in ``infra_error``, stop."""
+EXIT_INFRA = 3
+
+
+class AllFailing(RuntimeError):
+    """Every episode of a run's first batch failed for infrastructure reasons."""
 
 
 def add_parser(sub: Any) -> None:
@@ -75,15 +92,26 @@ def default_ks(n: int) -> list[int]:
     return sorted({*ks, n})
 
 
+WHERE_FIELDS = ("request_timeout_s", "max_batch_size")
+"""Model-spec fields that say where and how episodes run, not what they compute (may change on resume)."""
+
+
 def fingerprint(rows: list[dict[str, Any]], args: argparse.Namespace, agent: AgentSpec, specs: list) -> dict:
+    """What the stored episodes depend on (a resume must match it) and, under ``where``, what may change."""
     blob = json.dumps(rows, sort_keys=True, default=str).encode()
+    model = specs[0].model.to_dict()
+    model.pop("api_key", None)  # never written to disk
+    where = {field: model.pop(field) for field in WHERE_FIELDS}
+    if str(model["backend"]).startswith(("http://", "https://")):  # a server's address, not the model
+        where["backend"] = model.pop("backend")
     return {
         "data_sha256": hashlib.sha256(blob).hexdigest(),
         "rows": len(rows),
         "n": args.n,
         "agent": agent.to_dict(),
-        "model": specs[0].model.to_dict(),
+        "model": model,
         "settings": specs[0].settings,
+        "where": where,
     }
 
 
@@ -110,14 +138,17 @@ def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
 def main(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise SystemExit("agentboost eval: --n must be >= 1")
-    agent, rows = _select(args)
-    if not rows:
-        logger.error("no rows to evaluate")
+    try:
+        agent, rows = _select(args)
+        if not rows:
+            raise ValueError("no rows to evaluate")
+        ks = sorted(set(args.k)) if args.k else default_ks(args.n)
+        if max(ks) > args.n or min(ks) < 1:
+            raise ValueError(f"every --k must be in 1..n={args.n}, got {ks}")
+        specs = expand(rows, agent, model_spec_from_args(args), settings_from_args(args), n=args.n)
+    except (OSError, ValueError) as exc:  # missing or malformed data, duplicate task ids, bad options
+        sys.stderr.write(f"agentboost eval: {exc}\n")
         return 2
-    ks = sorted(set(args.k)) if args.k else default_ks(args.n)
-    if max(ks) > args.n or min(ks) < 1:
-        raise SystemExit(f"agentboost eval: every --k must be in 1..n={args.n}, got {ks}")
-    specs = expand(rows, agent, model_spec_from_args(args), settings_from_args(args), n=args.n)
     out = Path(args.out)
     try:
         with EpisodeStore(out, fingerprint(rows, args, agent, specs), overwrite=args.overwrite) as store:
@@ -126,9 +157,25 @@ def main(args: argparse.Namespace) -> int:
             if stored:
                 logger.warning("resuming %s: %d of %d episodes already stored, running %d",
                                out, stored, len(specs), len(todo))  # fmt: skip
-            asyncio.run(_run(todo, store, total=len(specs), done=stored, args=args))
+            try:
+                asyncio.run(_run(todo, store, total=len(specs), done=stored, args=args))
+                failure = None
+            except AllFailing as exc:
+                failure = str(exc)
+            stored_eps = list(store.episodes.values())
+            only_failures = bool(stored_eps) and all(e.termination is Termination.INFRA_ERROR for e in stored_eps)
+            if only_failures and failure is None:
+                common = Counter(e.termination_detail for e in stored_eps).most_common(1)[0][0]
+                failure = f"all {len(stored_eps)} episodes ended in infra_error: {common}"
+            if failure is not None:
+                if only_failures:
+                    store.clear()
+                sys.stderr.write(f"agentboost eval: {failure}\n" + (
+                    f"Nothing was evaluated; {out} was cleared, so the corrected command starts afresh.\n"
+                    if only_failures else "Fix the cause and run the same command with --retry-failed.\n"))  # fmt: skip
+                return EXIT_INFRA
             episodes = [store.episodes[s.episode_id] for s in specs if s.episode_id in store.episodes]
-    except (ResumeMismatch, StoreLocked) as exc:
+    except (ResumeMismatch, StoreLocked, ValueError) as exc:  # ValueError: a corrupt episodes.jsonl
         sys.stderr.write(f"agentboost eval: {exc}\n")
         return 2
     except KeyboardInterrupt:
@@ -142,6 +189,13 @@ def main(args: argparse.Namespace) -> int:
     report = build_report(episodes, ks=ks, threshold=args.threshold, expected_per_task=args.n)
     written = report.write(out, title=title, plots=not args.no_plots)
     sys.stdout.write(report.to_markdown(title) + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
+    infra = report.data["infra_errors"]
+    if infra:
+        details = Counter(e.termination_detail for e in episodes if e.termination is Termination.INFRA_ERROR)
+        sys.stderr.write(f"agentboost eval: {infra} of {len(episodes)} episodes ended in infra_error and count as "
+                         f"failures above (most common: {details.most_common(1)[0][0]!r}); fix the cause and run "
+                         "the same command with --retry-failed\n")  # fmt: skip
+        return EXIT_INFRA
     return 0
 
 
@@ -156,9 +210,13 @@ def _todo(specs: list[EpisodeSpec], store: EpisodeStore, *, retry_failed: bool) 
 
 async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done: int, args: argparse.Namespace):
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     bar = tqdm(total=total, initial=done, desc="eval", unit="ep", file=sys.stderr)
     successes = 0
+    window = min(FAIL_FAST, len(todo))
+    first: list[Any] = []
+    all_failing = asyncio.Event()
 
     def finished(episode: Any) -> None:
         nonlocal successes
@@ -166,8 +224,25 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
         successes += bool(episode.is_correct) if episode.is_correct is not None else episode.reward >= args.threshold
         bar.update(1)
         bar.set_postfix(success=f"{successes}/{bar.n - done}", end=episode.termination.value)
+        if len(first) < window:
+            first.append(episode)
+            if len(first) == window and all(e.termination is Termination.INFRA_ERROR for e in first):
+                all_failing.set()
 
-    try:
-        await run_specs(todo, concurrency=args.concurrency, workers=args.workers, on_done=finished)
-    finally:
-        bar.close()
+    with logging_redirect_tqdm():
+        try:
+            runner = asyncio.ensure_future(
+                run_specs(todo, concurrency=args.concurrency, workers=args.workers, on_done=finished)
+            )
+            alarm = asyncio.ensure_future(all_failing.wait())
+            await asyncio.wait({runner, alarm}, return_when=asyncio.FIRST_COMPLETED)
+            alarm.cancel()
+            if all_failing.is_set() and not runner.done():
+                runner.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await runner
+                details = Counter(e.termination_detail for e in first).most_common(1)[0][0]
+                raise AllFailing(f"the first {window} episodes all ended in infra_error: {details}")
+            runner.result()
+        finally:
+            bar.close()

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                        help="chat template variable for every render, e.g. enable_thinking=false")  # fmt: skip
     group.add_argument("--tool-parser", default=None, choices=["hermes", "llama3_json"])
     group.add_argument("--device", default=None)
+    group.add_argument("--api-key-env", default=None, metavar="NAME",
+                       help="variable holding the server's API key (sent as a bearer token, never stored)")  # fmt: skip
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +93,14 @@ def add_parser(sub: Any) -> None:
 
 
 def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
+    api_key = None
+    if getattr(args, "api_key_env", None):
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise SystemExit(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     return ModelSpec(
         backend=args.backend,
+        api_key=api_key,
         tokenizer=args.tokenizer,
         served_model=args.served_model,
         template_kwargs=dict(args.template_kwarg),

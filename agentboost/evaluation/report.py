@@ -14,12 +14,15 @@ from typing import Any
 from ..episode import Episode
 from ..report import markdown as summary_markdown
 from ..report import summarize
+from ..types import Termination
 from .passk import pass_at_k, pass_hat_k
 
 logger = logging.getLogger(__name__)
 
 CALL_BINS = 10
 """Tool calls per episode are binned 0, 1, ..., CALL_BINS - 1 and ``>= CALL_BINS``."""
+UNKNOWN_TOOL, UNPARSEABLE = "(unknown tool)", "(unparseable call)"
+"""Rows of the tool table for calls that never reached a tool (they count as errors)."""
 
 
 def is_success(episode: Episode, threshold: float = 1.0) -> bool:
@@ -38,8 +41,13 @@ class EvalReport:
 
     def to_markdown(self, title: str = "Evaluation") -> str:
         d = self.data
-        lines = [f"# {title}", "", f"{d['tasks']} tasks x {d['samples_per_task']} samples = {d['episodes']} episodes "
+        samples = d["samples_per_task"] if d["samples_uniform"] else f">={d['samples_per_task']}"
+        lines = [f"# {title}", "", f"{d['tasks']} tasks x {samples} samples = {d['episodes']} episodes "
                  f"(success: {d['success_rule']}).", ""]  # fmt: skip
+        if d["infra_errors"]:
+            lines += [f"**Warning: {d['infra_errors']} episodes ended in `infra_error` (the server, the worker or the "
+                      "setup failed, not the model) and count as failures below.** Re-run them with "
+                      "`--retry-failed`.", ""]  # fmt: skip
         lines += ["| metric | value |", "|---|---|"]
         for k, value in d["pass_at_k"].items():
             lines.append(f"| pass@{k} | {value:.4f} |")
@@ -54,7 +62,8 @@ class EvalReport:
                 lines.append(f"| {name} | {row['calls']} | {row['ok']} | {row['errors']} | {row['timeouts']} | "
                              f"{row['truncated']} | {row['mean_time_s']:.3f} |")  # fmt: skip
         hist = d["tool_calls_per_episode_histogram"]
-        lines += ["", "## Tool calls per episode", "", "| calls | episodes |", "|---|---|"]
+        lines += ["", "## Tool calls per episode (attempted, invalid ones included)", "", "| calls | episodes |",
+                  "|---|---|"]  # fmt: skip
         lines += [f"| {bucket} | {count} |" for bucket, count in hist.items()]
         return "\n".join(lines) + "\n"
 
@@ -96,8 +105,14 @@ def build_report(
     outcomes: dict[str, dict[str, Any]] = {}
     calls_hist: Counter[str] = Counter()
     for e in episodes:
-        calls = e.tool_calls
+        calls = e.tool_calls + e.unknown_tool_calls + e.parse_errors
         calls_hist[str(calls) if calls < CALL_BINS else f">={CALL_BINS}"] += 1
+        for name, count in ((UNKNOWN_TOOL, e.unknown_tool_calls), (UNPARSEABLE, e.parse_errors)):
+            if count:
+                row = outcomes.setdefault(name, {"calls": 0, "ok": 0, "errors": 0, "timeouts": 0, "truncated": 0,
+                                                 "total_time_s": 0.0})  # fmt: skip
+                row["calls"] += count
+                row["errors"] += count
         for name, stats in e.tools.items():
             row = outcomes.setdefault(name, {"calls": 0, "ok": 0, "errors": 0, "timeouts": 0, "truncated": 0,
                                              "total_time_s": 0.0})  # fmt: skip
@@ -117,8 +132,10 @@ def build_report(
     ]  # fmt: skip
     data = {
         "tasks": len(counts),
-        "samples_per_task": n_min if len({n for n, _ in counts.values()}) <= 1 else f">={n_min}",
+        "samples_per_task": n_min,
+        "samples_uniform": len({n for n, _ in counts.values()}) <= 1,
         "episodes": len(episodes),
+        "infra_errors": sum(e.termination is Termination.INFRA_ERROR for e in episodes),
         "success_rule": f"is_correct, else reward >= {threshold:g}",
         "pass_at_k": pass_k,
         "pass_hat_k": hat_k,

@@ -4,7 +4,9 @@
 fsynced as it finishes, so an interrupted run (Ctrl-C, SIGKILL, a lost node) loses at most the
 episodes that were still running. ``<dir>/manifest.json`` holds the fingerprint of what is being
 evaluated (data, environment, agent, model, sampling, budgets, n); resuming with a different
-fingerprint is refused, so results of two different evaluations are never mixed.
+fingerprint is refused, so results of two different evaluations are never mixed. The fingerprint's
+``where`` entry (server URLs, request timeouts: where and how episodes run, not what they compute)
+may change between runs; the change is logged and the manifest updated.
 
 Reading back: a last line without its newline is a write the interruption cut short; it is
 discarded and the file truncated to the last complete record. A malformed line anywhere else is
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 EPISODES = "episodes.jsonl"
 MANIFEST = "manifest.json"
 LOCK = ".lock"
+REPORTS = ("report.json", "report.md", "report.png")
+WHERE = "where"
 
 
 class ResumeMismatch(RuntimeError):
@@ -72,21 +76,44 @@ class EpisodeStore:
             self._lock_fh.close()
             self._lock_fh = None
             raise StoreLocked(f"{self.directory} is in use by another evaluation") from exc
+        try:
+            self._open_records()
+        except BaseException:
+            self.close()  # refused or unreadable: release the lock
+            raise
+        return self
+
+    def _open_records(self) -> None:
         manifest = self.directory / MANIFEST
         if self.overwrite:
-            for name in (EPISODES, MANIFEST):
-                with contextlib.suppress(FileNotFoundError):
-                    (self.directory / name).unlink()
+            self._discard()
         elif manifest.exists():
             stored = json.loads(manifest.read_text())
-            if stored != self.fingerprint:
+            what = {k: v for k, v in stored.items() if k != WHERE}
+            if what != {k: v for k, v in self.fingerprint.items() if k != WHERE}:
                 raise ResumeMismatch(self._mismatch_message(stored))
+            if stored.get(WHERE) != self.fingerprint.get(WHERE):
+                for line in _changes(stored.get(WHERE), self.fingerprint.get(WHERE), WHERE):
+                    logger.warning("resuming with %s", line)
         elif self.path.exists() and self.path.stat().st_size:
             raise ResumeMismatch(f"{self.path} exists without {MANIFEST}; use another --out or --overwrite")
-        _atomic_write(manifest, json.dumps(self.fingerprint, indent=2, sort_keys=True))
         self.episodes = self._load()
+        _atomic_write(manifest, json.dumps(self.fingerprint, indent=2, sort_keys=True))
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        return self
+
+    def clear(self) -> None:
+        """Discard everything stored, manifest included: the next run starts afresh, with any settings.
+        The store takes no more episodes (it stays locked until closed)."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        self._discard()
+        self.episodes = {}
+
+    def _discard(self) -> None:
+        for name in (EPISODES, MANIFEST, *REPORTS):
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / name).unlink()
 
     def close(self) -> None:
         if self._fh is not None:
@@ -130,13 +157,24 @@ class EpisodeStore:
         return episodes
 
     def _mismatch_message(self, stored: dict[str, Any]) -> str:
-        keys = sorted(set(stored) | set(self.fingerprint))
-        changed = [k for k in keys if stored.get(k) != self.fingerprint.get(k)]
-        lines = [f"{self.directory} holds an evaluation with different settings ({', '.join(changed)}):"]
-        for key in changed:
-            lines.append(f"  {key}: stored {_short(stored.get(key))} != now {_short(self.fingerprint.get(key))}")
+        changes = [line for key in sorted(set(stored) | set(self.fingerprint)) if key != WHERE
+                   for line in _changes(stored.get(key), self.fingerprint.get(key), key)]  # fmt: skip
+        lines = [f"{self.directory} holds an evaluation with different settings:"]
+        lines += [f"  {line}" for line in changes[:20]]
+        if len(changes) > 20:
+            lines.append(f"  ... and {len(changes) - 20} more")
         lines.append("Use another --out, or --overwrite to discard the stored episodes.")
         return "\n".join(lines)
+
+
+def _changes(stored: Any, now: Any, path: str) -> list[str]:
+    """Every leaf that differs, as ``path: stored X, now Y`` (dicts are compared key by key)."""
+    if isinstance(stored, dict) and isinstance(now, dict):
+        return [line for key in sorted(set(stored) | set(now), key=str)
+                for line in _changes(stored.get(key), now.get(key), f"{path}.{key}")]  # fmt: skip
+    if stored == now:
+        return []
+    return [f"{path}: stored {_short(stored)}, now {_short(now)}"]
 
 
 def _short(value: Any, limit: int = 160) -> str:

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import multiprocessing
+import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -31,8 +34,21 @@ class WorkerDied(RuntimeError):
     """The child process died while running the check (it was not a Python exception)."""
 
 
-def _serve(conn: Connection) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Linux: SIGKILL this worker when its parent dies, even in the middle of a check."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(0)
+
+
+def _serve(conn: Connection, parent: int) -> None:
     """Worker loop: ``(fn, args)`` in, ``(ok, value-or-exception)`` out, until the pipe closes."""
+    _die_with_parent(parent)
     while True:
         try:
             fn, args = conn.recv()
@@ -51,7 +67,7 @@ def _serve(conn: Connection) -> None:
 class _Worker:
     def __init__(self, context: Any) -> None:
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_serve, args=(child,), daemon=True, name="agentboost-check")
+        self.process = context.Process(target=_serve, args=(child, os.getpid()), daemon=True, name="agentboost-check")
         self.process.start()
         child.close()
 
