@@ -120,6 +120,25 @@ def test_a_check_that_kills_its_process_costs_only_its_own_call() -> None:
         runner.close()
 
 
+def test_workers_outlive_the_thread_that_first_used_them() -> None:
+    """Linux's parent-death signal follows the starting *thread*; a worker must not die with it."""
+    import threading
+
+    from agentboost.rewards.isolated import IsolatedRunner
+    from tests.isolated_fns import slow_square
+
+    runner = IsolatedRunner(max_workers=1)
+    try:
+        results = []
+        thread = threading.Thread(target=lambda: results.append(runner.run(slow_square, 3, timeout_s=30)))
+        thread.start()
+        thread.join()
+        time.sleep(0.5)
+        assert results == [9] and runner.run(slow_square, 4, timeout_s=30) == 16 and runner.deaths == 0
+    finally:
+        runner.close()
+
+
 def test_missing_gold_is_an_error() -> None:
     with pytest.raises(ValueError):
         asyncio.run(math_reward({}, episode_saying("1")))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import logging
 import multiprocessing
@@ -32,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 class WorkerDied(RuntimeError):
     """The child process died while running the check (it was not a Python exception)."""
+
+
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentboost-check-spawner")
+"""Workers are started from this one long-lived thread: Linux delivers the parent-death signal when the
+*thread* that started a process exits, and the threads of ``asyncio.to_thread`` come and go."""
 
 
 def _die_with_parent(parent: int) -> None:
@@ -112,7 +118,7 @@ class IsolatedRunner:
             if self._closed:
                 raise RuntimeError("the isolated runner is closed")
             if worker is None:
-                worker = _Worker(self._context)
+                worker = _SPAWNER.submit(_Worker, self._context).result()
                 with self._lock:
                     self._live.add(worker)
             try:
