@@ -47,6 +47,8 @@ def evaluate(expression: str) -> Fraction:
 
 def _eval(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node.value, float) and not math.isfinite(node.value):  # 1e999
+            raise CalculatorError("number too large")
         value = Fraction(node.value)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         inner = _eval(node.operand)
@@ -74,8 +76,8 @@ def _eval(node: ast.AST) -> Fraction:
 def format_number(value: Fraction) -> str:
     if value.denominator == 1:
         return str(value.numerator)
-    as_float = float(value)
-    return repr(round(as_float, 10)) if math.isfinite(as_float) else str(value)
+    as_float = float(value)  # 12 significant digits: small results stay visible ((1/3)**64 -> 2.92e-31)
+    return f"{as_float:.12g}" if math.isfinite(as_float) and as_float != 0 else str(value)
 
 
 @tool
