@@ -3,9 +3,10 @@
 Each script turns a source dataset into rows that :meth:`StrandsEnv.from_dict` reads, then
 :func:`write_dataset` writes every split as ``<out>/<split>.jsonl`` (lossless for nested fields) and
 registers it with rLLM's ``DatasetRegistry`` when rLLM is installed (what the ``train_*.py`` scripts
-load). Sources are Hugging Face datasets (``--cache-dir``, ``--limit``) or, with ``--sample``, the
-small raw files shipped next to the script, in the same format as the hub rows, so the conversion
-code that runs offline is the one that runs on the real data.
+load). Sources are Hugging Face datasets (``--cache-dir``; ``--limit`` streams only the rows needed)
+or, with ``--sample``, the small raw files shipped next to the script, in the hub rows' format (math,
+DeepCoder), so the conversion code that runs offline is the one that runs on the real data. The RAG
+sample is the exception: its questions name supporting passages of the shipped corpus by id.
 """
 
 from __future__ import annotations
@@ -24,17 +25,23 @@ Converter = Callable[[dict[str, Any], int], dict[str, Any] | None]
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, default_out: str) -> None:
     parser.add_argument("--out-dir", default=default_out, help=f"where the split files go (default {default_out})")
-    parser.add_argument("--limit", type=int, default=None, help="keep at most N rows per source split")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="keep at most N rows per source split (streamed: only those rows are read)")  # fmt: skip
     parser.add_argument("--cache-dir", default=None, help="Hugging Face datasets cache directory")
     parser.add_argument("--sample", action="store_true", help="use the small raw sample shipped with the example")
     parser.add_argument("--register", choices=["auto", "yes", "no"], default="auto",
                         help="register with rLLM's DatasetRegistry (auto: when rLLM is installed)")  # fmt: skip
 
 
-def hub_rows(name: str, *, split: str, config: str | None = None, cache_dir: str | None = None) -> Iterable[dict]:
-    """Rows of a Hugging Face dataset (downloaded once into the datasets cache)."""
+def hub_rows(
+    name: str, *, split: str, config: str | None = None, cache_dir: str | None = None, limit: int | None = None
+) -> Iterable[dict]:
+    """Rows of a Hugging Face dataset: the whole split downloaded once into the datasets cache, or, with
+    ``limit``, streamed (only the rows the conversion reads are fetched; nothing is cached)."""
     from datasets import load_dataset
 
+    if limit is not None:
+        return load_dataset(name, config, split=split, streaming=True)
     return load_dataset(name, config, split=split, cache_dir=cache_dir)
 
 

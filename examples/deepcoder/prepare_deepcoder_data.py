@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.sample:
                 raw = file_rows(HERE / "sample" / f"{subset}_{split}.jsonl")
             else:
-                raw = hub_rows(DATASET, config=subset, split=split, cache_dir=args.cache_dir)
+                raw = hub_rows(DATASET, config=subset, split=split, cache_dir=args.cache_dir, limit=args.limit)
             rows += convert_rows(raw, converter(subset, split, args.public), limit=args.limit, desc=f"{subset}/{split}")
         splits[split] = rows
     write_dataset("strands_deepcoder", splits, args.out_dir, register=args.register)

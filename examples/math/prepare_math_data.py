@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample:
             raw = file_rows(HERE / "sample" / f"{source}.jsonl")
         else:
-            raw = hub_rows(name, split=hub_split, cache_dir=args.cache_dir)
+            raw = hub_rows(name, split=hub_split, cache_dir=args.cache_dir, limit=args.limit)
         splits[split] = convert_rows(raw, converter(source), limit=args.limit, desc=source)
     write_dataset("strands_math", splits, args.out_dir, register=args.register)
     return 0

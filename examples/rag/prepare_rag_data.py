@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.sample:  # the same shipped questions in both splits: a smoke test, not a benchmark
             raw = file_rows(SAMPLE_QUESTIONS)
         else:
-            raw = hub_rows(DATASET, config=args.config, split=hub_split, cache_dir=args.cache_dir)
+            raw = hub_rows(DATASET, config=args.config, split=hub_split, cache_dir=args.cache_dir, limit=args.limit)
         source = "sample" if args.sample else f"hotpotqa-{hub_split}"
         splits[split] = convert_rows(
             raw, converter(source, sample_titles() if args.sample else None), limit=args.limit, desc=source
