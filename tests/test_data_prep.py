@@ -14,6 +14,7 @@ from agentboost.environments.math_env import MathEnv
 from agentboost.episode import Episode
 from agentboost.rewards.code import code_reward
 from agentboost.rewards.math import math_reward
+from agentboost.types import Termination
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,9 @@ def _script(path: str):
 
 
 def _answer(text: str) -> Episode:
-    return Episode(id="e", messages=[{"role": "assistant", "content": [{"text": text}]}])
+    return Episode(
+        id="e", messages=[{"role": "assistant", "content": [{"text": text}]}], termination=Termination.COMPLETED
+    )
 
 
 async def test_math_sample_rows_feed_the_math_env_and_reward(tmp_path) -> None:

@@ -28,6 +28,7 @@ from agentboost.episode import Episode
 from agentboost.retrieval.corpus import SAMPLE_QUESTIONS, SHIPPED_CORPUS, read_corpus
 from agentboost.rewards.rag import exact_match, extract_answer, f1_score, normalize_answer, rag_reward
 from agentboost.rollout import RolloutSettings, run_episode
+from agentboost.types import Termination
 from tests.conftest import template_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,9 @@ QUESTIONS = [json.loads(line) for line in SAMPLE_QUESTIONS.read_text().splitline
 
 
 def _answer(text: str) -> Episode:
-    return Episode(id="e", messages=[{"role": "assistant", "content": [{"text": text}]}])
+    return Episode(
+        id="e", messages=[{"role": "assistant", "content": [{"text": text}]}], termination=Termination.COMPLETED
+    )
 
 
 # -- reward ---------------------------------------------------------------------------------------

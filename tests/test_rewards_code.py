@@ -34,11 +34,11 @@ def fence(code: str) -> str:
     return f"```python\n{code}\n```"
 
 
-async def play(turns: list[str], template=None, problem=None):
+async def play(turns: list[str], template=None, problem=None, settings=None):
     template = template or template_for("qwen2.5")
     env = CodeEnv.from_dict(dict(problem or PROBLEM))
     backend = ScriptedBackend(text_script(template, turns))
-    return await run_episode(env, StrandsAgent(), backend, template, RolloutSettings())
+    return await run_episode(env, StrandsAgent(), backend, template, settings or RolloutSettings())
 
 
 async def test_correct_final_program_gets_exactly_one() -> None:
@@ -106,3 +106,72 @@ async def test_call_based_tests() -> None:
     bad = await play([fence("def add(a, b):\n    return 3")], problem=problem)
     assert (good.reward, bad.reward) == (1.0, 0.0)
     assert bad.reward_metrics["tests_passed"] == 0.5
+
+
+async def test_reasoning_written_as_text_is_not_the_answer_on_templates_without_a_reasoning_section() -> None:
+    for final in (f"<think>\n{fence(GOOD)}\n</think>\nI am done.", f"Done.\n<think>\n{fence(GOOD)}"):
+        episode = await play([final])  # qwen2.5: <think> stays in the text
+        assert episode.reward == 0.0 and episode.reward_metrics["has_program"] == 0.0, final
+
+
+async def test_an_episode_cut_off_by_the_turn_limit_has_no_final_answer() -> None:
+    from agentboost.types import Budget
+
+    settings = RolloutSettings(budget=Budget(max_turns=1))
+    episode = await play([f"Here:\n{fence(GOOD)}\n" + call("run_tests", {"code": GOOD})], settings=settings)
+    assert episode.termination.value == "max_turns"
+    assert episode.reward == 0.0 and episode.reward_metrics["completed"] == 0.0
+
+
+async def test_every_hidden_test_counts_however_many() -> None:
+    tests = [{"input": f"{i} 0\n", "output": f"{i}\n"} for i in range(70)]
+    fails_late = "a, b = map(int, input().split())\nprint(a if a < 64 else -1)"
+    episode = await play([fence(fails_late)], problem={"prompt": "Sum.", "tests": tests})
+    assert episode.reward == 0.0 and episode.reward_metrics["tests_passed"] == pytest.approx(64 / 70)
+    from agentboost.rewards.code import MAX_TESTS, tests_of
+
+    with pytest.raises(ValueError, match="not truncated"):
+        tests_of({"tests": tests * (MAX_TESTS // 70 + 1)}, "tests")
+
+
+async def test_reals_spacing_and_long_outputs_are_judged_fairly() -> None:
+    problem = {"prompt": "p", "tests": [{"input": "3\n", "output": "0.3333333333\n"}]}
+    assert (await play([fence("input()\nprint(' 0.333333333 ')")], problem=problem)).reward == 1.0
+    assert (await play([fence("input()\nprint(0.3334)")], problem=problem)).reward == 0.0
+    exact = {**problem, "float_tolerance": None}
+    assert (await play([fence("input()\nprint(0.333333333)")], problem=exact)).reward == 0.0
+    integers = {"prompt": "p", "tests": [{"input": "", "output": "3\n"}]}
+    assert (await play([fence("print('3.0000001')")], problem=integers)).reward == 0.0  # integers are exact
+    big = "\n".join(str(i) for i in range(20000))  # ~108 KB, above the default 64 KiB output cap
+    long = {"prompt": "p", "tests": [{"input": "", "output": big + "\n"}]}
+    assert (await play([fence("for i in range(20000):\n    print(i)")], problem=long)).reward == 1.0
+    flood = await play([fence("while True:\n    print('y' * 1000)")], problem=long)
+    assert flood.reward == 0.0 and flood.reward_metrics["verdict_output_limit_exceeded"] == 1.0
+
+
+async def test_call_results_need_the_same_json_type() -> None:
+    def problem(output):
+        return {"prompt": "f", "tests": [{"input": [], "output": output, "testtype": "functional", "fn_name": "f"}]}
+
+    cases = [
+        (True, "return 1", 0.0), (True, "return True", 1.0), ([3], "return 3", 0.0), ([3], "return [3]", 1.0),
+        (2.5, "return 2.5000000001", 1.0), ('"3"', "return 3", 0.0), ('"3"', "return '3'", 1.0),
+    ]  # fmt: skip
+    for output, body, expected in cases:
+        episode = await play([fence(f"def f():\n    {body}")], problem=problem(output))
+        assert episode.reward == expected, (output, body)
+    liar = "class Any:\n    def __eq__(self, other):\n        return True\ndef f():\n    return Any()"
+    assert (await play([fence(liar)], problem=problem(7))).reward == 0.0  # not JSON: a runtime error
+
+
+async def test_a_slow_program_stops_the_suite_after_its_first_timeout() -> None:
+    import time
+
+    tests = [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(40)]
+    slow = "import time\nn = int(input())\nif n == 0:\n    time.sleep(60)\nprint(n)"
+    started = time.monotonic()
+    episode = await play([fence(slow)], problem={"prompt": "p", "tests": tests})
+    metrics = episode.reward_metrics
+    assert episode.reward == 0.0 and metrics["verdict_time_limit_exceeded"] == 1.0
+    assert metrics["tests_passed"] + metrics.get("verdict_not_run", 0) / 40 == pytest.approx(39 / 40)
+    assert time.monotonic() - started < 30

@@ -11,6 +11,7 @@ pytest.importorskip("math_verify")
 
 from agentboost.episode import Episode
 from agentboost.rewards.math import extract_answer, last_boxed, math_equal, math_reward
+from agentboost.types import Termination
 
 
 def episode_saying(text: str, reasoning: str | None = None) -> Episode:
@@ -20,7 +21,9 @@ def episode_saying(text: str, reasoning: str | None = None) -> Episode:
     if text:
         content.append({"text": text})
     return Episode(
-        id="e", messages=[{"role": "user", "content": [{"text": "q"}]}, {"role": "assistant", "content": content}]
+        id="e",
+        messages=[{"role": "user", "content": [{"text": "q"}]}, {"role": "assistant", "content": content}],
+        termination=Termination.COMPLETED,
     )
 
 

@@ -100,6 +100,22 @@ def test_host_directories_are_hidden(sandbox) -> None:
         secret.rmdir()
 
 
+def test_more_runs_than_threads_finish_and_cancelled_waiters_return_their_slots(sandbox) -> None:
+    """Waiting for a slot holds no thread: far more runs than the default executor's threads finish."""
+
+    async def scenario() -> tuple[int, int]:
+        results = await asyncio.wait_for(asyncio.gather(*(sandbox.run("print(1)") for _ in range(60))), 120)
+        waiting = [asyncio.ensure_future(sandbox.run("import time; time.sleep(0.3)")) for _ in range(40)]
+        await asyncio.sleep(0.1)
+        for task in waiting[::2]:
+            task.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        return sum(r.ok for r in results), len(sandbox._free_slots)
+
+    ok, free = asyncio.run(scenario())
+    assert ok == 60 and free == sandbox.config.slots
+
+
 def test_fork_bomb_is_contained(sandbox) -> None:
     started = time.monotonic()
     result = run(sandbox, "import os\nwhile True:\n    os.fork()")

@@ -2,12 +2,19 @@
 
 Rules (each closes a way the reward of the system we replace could be gamed):
 
-* The program is the last fenced Python block of the agent's **final answer** (reasoning excluded):
-  code that only appears in reasoning, in a tool call or in an earlier turn earns nothing.
+* The program is the last fenced Python block of the agent's **final answer** (reasoning excluded,
+  ``<think>`` blocks in the text too): code that only appears in reasoning, in a tool call or in an
+  earlier turn earns nothing.
+* Only an episode the agent finished (termination ``completed``) is graded: one cut off by the turn
+  or token limit has no final answer, whatever its last message holds (``completed`` = 0).
 * No final program -> 0 (``has_program`` = 0); an empty block counts as no program.
 * Every hidden test runs (not just up to the first failure), so ``tests_passed`` is the true
   fraction passed. It is a metric, never part of the reward: a program that passes 9 of 10 tests
-  gets 0, exactly like one that passes none.
+  gets 0, exactly like one that passes none. Exception: once a test exceeds the time limit the
+  rest are not run (the reward is 0 anyway) and count as not passed, so ``tests_passed`` is then a
+  lower bound. A problem with more than ``MAX_TESTS`` tests is refused (an error, never truncated).
+* Reals in the expected output are compared within the task's ``float_tolerance`` (default 1e-6;
+  ``null``: exact).
 * Nothing about tool use enters the reward: calling the test tool (once or a hundred times) can
   neither add to nor substitute for a correct final program.
 * A program's exit status is not a verdict: outputs are compared with the expected outputs, so an
@@ -21,19 +28,22 @@ import re
 from typing import Any
 
 from ..episode import Episode
-from ..sandbox.testcases import TestCase, run_test_cases
+from ..sandbox.testcases import DEFAULT_FLOAT_TOLERANCE, TestCase, run_test_cases
 from ..types import RewardOutput
+from .answer import final_answer_text, strip_reasoning
 
-MAX_TESTS = 64
-"""Hidden tests per problem beyond this are ignored (a cap on the reward's cost)."""
+MAX_TESTS = 1000
+"""A problem with more hidden tests is refused (the data preparation drops such problems)."""
 MAX_PROGRAM_CHARS = 100_000
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
 def final_program(text: str) -> str | None:
-    """The last fenced (python) code block of ``text``, or None if there is none or it is empty."""
-    blocks = _FENCE.findall(text or "")
+    """The last fenced (python) code block of ``text`` outside ``<think>`` blocks, or None if there is
+    none or it is empty."""
+    text = strip_reasoning(text)
+    blocks = _FENCE.findall(text)
     if not blocks:
         return None
     program = blocks[-1].strip()
@@ -50,7 +60,9 @@ def tests_of(task: dict[str, Any], key: str) -> list[TestCase]:
             raise ValueError(f"task field {key!r} is not valid JSON: {exc.msg}") from None
     if not isinstance(raw, list):
         raise TypeError(f"task field {key!r} must be a list of tests")
-    return [t if isinstance(t, TestCase) else TestCase.from_dict(t) for t in raw[:MAX_TESTS]]
+    if len(raw) > MAX_TESTS:
+        raise ValueError(f"task field {key!r} has {len(raw)} tests (more than {MAX_TESTS}); not truncated")
+    return [t if isinstance(t, TestCase) else TestCase.from_dict(t) for t in raw]
 
 
 async def code_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
@@ -60,10 +72,15 @@ async def code_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
     tests = tests_of(task, "tests") or tests_of(task, "public_tests")
     if not tests:
         raise ValueError("code task without tests")
-    program = final_program(episode.final_text)
+    answer = final_answer_text(episode)
+    completed = answer is not None
+    program = final_program(answer) if answer is not None else None
     if program is None or len(program) > MAX_PROGRAM_CHARS:
-        return RewardOutput(0.0, metrics={"has_program": 0.0, "tests_passed": 0.0}, is_correct=False)
-    outcomes = await run_test_cases(default_sandbox(), program, tests)
+        metrics = {"has_program": 0.0, "tests_passed": 0.0, "completed": float(completed)}
+        return RewardOutput(0.0, metrics=metrics, is_correct=False)
+    tolerance = task.get("float_tolerance", DEFAULT_FLOAT_TOLERANCE)
+    outcomes = await run_test_cases(default_sandbox(), program, tests, float_tolerance=tolerance,
+                                    stop_after_timeout=True)  # fmt: skip
     passed = sum(o.passed for o in outcomes)
     ok = passed == len(tests)
     verdicts: dict[str, float] = {}
@@ -72,6 +89,6 @@ async def code_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
         verdicts[key] = verdicts.get(key, 0.0) + 1
     return RewardOutput(
         float(ok),
-        metrics={"has_program": 1.0, "tests_passed": passed / len(tests), **verdicts},
+        metrics={"has_program": 1.0, "completed": 1.0, "tests_passed": passed / len(tests), **verdicts},
         is_correct=ok,
     )

@@ -1,6 +1,7 @@
 """Math reward: final-answer extraction plus symbolic equivalence (math-verify on sympy).
 
-* The answer is taken from the final assistant text only (reasoning is never searched): the content of
+* The answer is taken from the final answer only (:mod:`agentboost.rewards.answer`: a completed
+  episode's last assistant text, reasoning and ``<think>`` blocks excluded): the content of
   the **last** ``\\boxed{...}`` (balanced braces). Exactly one candidate is checked, so listing many
   answers (``\\boxed{1} \\boxed{2} ...``) cannot win; an unclosed ``\\boxed{`` is no answer.
 * Without a box, the plain answer is the last line that holds a digit or math markup, with an
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..episode import Episode
 from ..types import RewardOutput
+from .answer import final_answer_text
 from .isolated import WorkerDied, default_runner
 
 logger = logging.getLogger(__name__)
@@ -120,8 +122,9 @@ async def math_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
     gold = str(task.get("answer", task.get("ground_truth", ""))).strip()
     if not gold:
         raise ValueError("math task without an 'answer'")
-    answer, boxed = extract_answer(episode.final_text)
-    metrics = {"has_answer": float(answer is not None), "boxed": float(boxed)}
+    text = final_answer_text(episode)
+    answer, boxed = extract_answer(text) if text is not None else (None, False)
+    metrics = {"has_answer": float(answer is not None), "boxed": float(boxed), "completed": float(text is not None)}
     if answer is None:
         return RewardOutput(0.0, metrics=metrics, is_correct=False)
     import asyncio

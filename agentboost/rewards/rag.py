@@ -19,6 +19,7 @@ from typing import Any
 
 from ..episode import Episode
 from ..types import RewardOutput
+from .answer import final_answer_text
 from .math import last_boxed
 
 MAX_ANSWER_CHARS = 1000
@@ -86,7 +87,8 @@ async def rag_reward(task: dict[str, Any], episode: Episode, *, metric: str | No
     if metric not in ("em", "f1"):
         raise ValueError(f"reward_metric must be 'em' or 'f1', got {metric!r}")
     gold = gold_answers(task)
-    answer = extract_answer(episode.final_text)
+    text = final_answer_text(episode)
+    answer = extract_answer(text) if text is not None else ""
     if not answer:
         return RewardOutput(0.0, metrics={"em": 0.0, "f1": 0.0, "answered": 0.0}, is_correct=False)
     em = max(exact_match(answer, g) for g in gold)

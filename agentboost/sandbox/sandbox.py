@@ -20,6 +20,7 @@ first use; a layer that cannot be set up is reported, never silently assumed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,7 +123,7 @@ class Sandbox:
         self._is_root = os.geteuid() == 0
         self._free_slots = list(range(self.config.slots))
         self._slot_lock = threading.Lock()
-        self._slot_cv = threading.Condition(self._slot_lock)
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[int]]] = collections.deque()
         self._probe_lock = threading.Lock()
         self._isolation: dict[str, Any] | None = None
         self._python: str | None = None
@@ -147,13 +149,25 @@ class Sandbox:
                     )  # fmt: skip
         return self._isolation
 
-    async def run(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
-        """Run ``code`` as ``main.py`` with ``stdin``; never raises for anything the program does."""
+    async def run(
+        self,
+        code: str,
+        *,
+        stdin: str = "",
+        timeout_s: float | None = None,
+        stdout_cap: int | None = None,
+        kill_on_overflow: bool = False,
+    ) -> SandboxResult:
+        """Run ``code`` as ``main.py`` with ``stdin``; never raises for anything the program does.
+        ``stdout_cap``: keep this many bytes of stdout for this run (default ``config.stdout_cap``);
+        ``kill_on_overflow``: kill the program as soon as its stdout goes past the cap (a judge needs
+        nothing more from it)."""
         if self._isolation is None:
             await asyncio.to_thread(self.isolation)
-        slot = await asyncio.to_thread(self._acquire)
+        slot = await self._acquire()
         try:
-            return await self._run(code, stdin, timeout_s or self.config.wall_s, slot, self._python or sys.executable)
+            return await self._run(code, stdin, timeout_s or self.config.wall_s, slot, self._python or sys.executable,
+                                   stdout_cap=stdout_cap, kill_on_overflow=kill_on_overflow)  # fmt: skip
         finally:
             self._release(slot)
 
@@ -161,16 +175,43 @@ class Sandbox:
         return asyncio.run(self.run(code, stdin=stdin, timeout_s=timeout_s))
 
     # -- slots -------------------------------------------------------------------------
-    def _acquire(self) -> int:
-        with self._slot_cv:
-            while not self._free_slots:
-                self._slot_cv.wait()
-            return self._free_slots.pop()
+    # Waiting for a slot must not hold a thread: runs queue up on their event loops (any number of
+    # loops, in any threads), and a released slot is handed to the oldest live waiter on its loop.
+    async def _acquire(self) -> int:
+        loop = asyncio.get_running_loop()
+        with self._slot_lock:
+            if self._free_slots:
+                return self._free_slots.pop()
+            waiter: asyncio.Future[int] = loop.create_future()
+            self._waiters.append((loop, waiter))
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            with self._slot_lock, contextlib.suppress(ValueError):
+                self._waiters.remove((loop, waiter))
+            if waiter.done() and not waiter.cancelled():  # handed a slot, then cancelled: give it back
+                self._release(waiter.result())
+            raise
 
     def _release(self, slot: int) -> None:
-        with self._slot_cv:
+        with self._slot_lock:
+            while self._waiters:
+                loop, waiter = self._waiters.popleft()
+                if waiter.done():
+                    continue
+                try:
+                    loop.call_soon_threadsafe(self._hand_over, waiter, slot)
+                    return
+                except RuntimeError:  # that loop is closed
+                    continue
             self._free_slots.append(slot)
-            self._slot_cv.notify()
+
+    def _hand_over(self, waiter: asyncio.Future[int], slot: int) -> None:
+        """On the waiter's loop: give it the slot, or pass the slot on if it was cancelled meanwhile."""
+        if waiter.done():
+            self._release(slot)
+        else:
+            waiter.set_result(slot)
 
     def _uid(self, slot: int) -> int | None:
         return self.config.uid_base + slot if (self._is_root and self.config.drop_privileges) else None
@@ -221,7 +262,17 @@ class Sandbox:
                 os.chown(path, uid, uid)
         return workdir
 
-    async def _run(self, code: str, stdin: str, timeout_s: float, slot: int, python: str) -> SandboxResult:
+    async def _run(
+        self,
+        code: str,
+        stdin: str,
+        timeout_s: float,
+        slot: int,
+        python: str,
+        *,
+        stdout_cap: int | None = None,
+        kill_on_overflow: bool = False,
+    ) -> SandboxResult:
         started = time.monotonic()
         workdir = await asyncio.to_thread(self._make_workdir, slot, code)
         config = self._launch_config(workdir, slot, python)
@@ -232,7 +283,9 @@ class Sandbox:
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=config["env"], cwd=str(workdir), start_new_session=True,
             )  # fmt: skip
-            out_task = asyncio.ensure_future(_read_capped(proc.stdout, self.config.stdout_cap))
+            pid = proc.pid
+            overflow = (lambda: self._kill(pid, slot)) if kill_on_overflow else None
+            out_task = asyncio.ensure_future(_read_capped(proc.stdout, stdout_cap or self.config.stdout_cap, overflow))
             err_task = asyncio.ensure_future(_read_capped(proc.stderr, self.config.stderr_cap))
             feed = asyncio.ensure_future(_feed(proc.stdin, stdin.encode("utf-8", errors="replace")))
             timed_out = False
@@ -339,8 +392,11 @@ class Sandbox:
         raise RuntimeError(f"no interpreter can run inside the sandbox ({last_error})")
 
 
-async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, bool]:
-    """Keep the first ``cap`` bytes; drain (and drop) the rest so the child never blocks on a full pipe."""
+async def _read_capped(
+    stream: asyncio.StreamReader | None, cap: int, on_overflow: Callable[[], None] | None = None
+) -> tuple[bytes, bool]:
+    """Keep the first ``cap`` bytes; drain (and drop) the rest so the child never blocks on a full pipe.
+    ``on_overflow`` is called once when the output first goes past ``cap``."""
     if stream is None:
         return b"", False
     kept = bytearray()
@@ -353,6 +409,8 @@ async def _read_capped(stream: asyncio.StreamReader | None, cap: int) -> tuple[b
         if room > 0:
             kept.extend(chunk[:room])
         if len(chunk) > max(room, 0):
+            if not truncated and on_overflow is not None:
+                on_overflow()
             truncated = True
 
 

@@ -8,9 +8,15 @@ Two kinds of tests (the formats of TACO / LiveCodeBench / DeepCoder):
   value per line, one line per argument), compare the JSON result.
 
 The comparison happens here, in the trusted process, from what the sandbox printed: nothing the
-program does can mark a test as passed except producing the expected output. Outputs are compared
-line by line with trailing whitespace ignored (and numbers compared with a tolerance if
-``float_tolerance`` is set).
+program does can mark a test as passed except producing the expected output.
+
+* ``stdin``: line by line, token by token (spacing and trailing blank lines ignored); where the
+  expected token is a real number (``0.5``, ``1e-9``) the output's may differ by ``float_tolerance``
+  (absolute or relative, default 1e-6; None: exact). Output beyond twice the expected size is an
+  ``output limit exceeded`` verdict, so a correct long answer is never cut short.
+* ``call``: the JSON result must equal the expected value with the same JSON types (``true`` is not
+  ``1``, ``3`` is not ``[3]``); reals within ``float_tolerance``. Sources that wrap return values
+  (TACO wraps each in a one-element list) are unwrapped when the data is prepared, not here.
 """
 
 from __future__ import annotations
@@ -19,13 +25,17 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from .sandbox import Sandbox, SandboxResult
 
 PASSED, WRONG, ERROR, TIMEOUT = "passed", "wrong answer", "runtime error", "time limit exceeded"
+OUTPUT_LIMIT, NOT_RUN = "output limit exceeded", "not run"
 _CALL_MARK = "__agentboost_result__"
+DEFAULT_FLOAT_TOLERANCE = 1e-6
+_REAL = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
 
 
 @dataclass(frozen=True)
@@ -73,33 +83,53 @@ def _call_arguments(text: str) -> list[Any]:
         raise ValueError(f"call-based test input is not one JSON value per line: {exc.msg}") from None
 
 
-def _lines(text: str) -> list[str]:
-    lines = [line.rstrip() for line in str(text).replace("\r\n", "\n").split("\n")]
+def _lines(text: Any) -> list[list[str]]:
+    lines = [line.split() for line in str(text).replace("\r\n", "\n").split("\n")]
     while lines and not lines[-1]:
         lines.pop()
     return lines
 
 
-def outputs_match(expected: Any, got: str, *, float_tolerance: float | None = None) -> bool:
+def _close(a: float, b: float, tolerance: float) -> bool:
+    return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
+
+
+def outputs_match(expected: Any, got: str, *, float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE) -> bool:
+    """Token-wise equality, reals (as written in ``expected``) within ``float_tolerance`` (module doc)."""
     exp, out = _lines(expected), _lines(got)
     if exp == out:
         return True
     if float_tolerance is None or len(exp) != len(out):
         return False
     for a, b in zip(exp, out, strict=True):
-        ta, tb = a.split(), b.split()
-        if len(ta) != len(tb):
+        if len(a) != len(b):
             return False
-        for x, y in zip(ta, tb, strict=True):
+        for x, y in zip(a, b, strict=True):
             if x == y:
                 continue
+            if not _REAL.match(x):
+                return False
             try:
-                fx, fy = float(x), float(y)
+                if not _close(float(x), float(y), float_tolerance):
+                    return False
             except ValueError:
                 return False
-            if not math.isclose(fx, fy, rel_tol=float_tolerance, abs_tol=float_tolerance):
-                return False
     return True
+
+
+def same_value(got: Any, want: Any, float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE) -> bool:
+    """Equality of JSON values with the same JSON types (bools are not numbers); reals within tolerance."""
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(want, bool) and isinstance(got, bool) and want == got
+    if isinstance(want, int | float) and isinstance(got, int | float):
+        if isinstance(want, float) or isinstance(got, float):
+            return want == got or (float_tolerance is not None and _close(float(got), float(want), float_tolerance))
+        return want == got
+    if isinstance(want, list) and isinstance(got, list):
+        return len(want) == len(got) and all(same_value(g, w, float_tolerance) for g, w in zip(got, want, strict=True))
+    if isinstance(want, dict) and isinstance(got, dict):
+        return want.keys() == got.keys() and all(same_value(got[k], want[k], float_tolerance) for k in want)
+    return type(want) is type(got) and want == got
 
 
 def _call_program(code: str, fn_name: str) -> str:
@@ -124,7 +154,7 @@ __agentboost_call()
     return code + driver
 
 
-def _judge_call(expected: Any, result: SandboxResult) -> tuple[bool, str]:
+def _judge_call(expected: Any, result: SandboxResult, float_tolerance: float | None) -> tuple[bool, str]:
     marker = result.stdout.rfind(_CALL_MARK)
     if marker < 0:
         return False, result.stdout
@@ -137,26 +167,40 @@ def _judge_call(expected: Any, result: SandboxResult) -> tuple[bool, str]:
     if isinstance(want, str):
         with contextlib.suppress(ValueError):
             want = json.loads(want)
-    if isinstance(want, list) and len(want) == 1 and not isinstance(got, list):
-        want = want[0]  # TACO wraps single return values in a list
-    return got == want, payload
+    return same_value(got, want, float_tolerance), payload
+
+
+def _stdout_cap(test: TestCase, sandbox: Sandbox) -> int:
+    """Room for twice the expected output (what a correct program prints always fits)."""
+    expected = test.output if isinstance(test.output, str) else json.dumps(test.output)
+    return max(sandbox.config.stdout_cap, 2 * len(expected.encode("utf-8")) + 4096)
 
 
 async def run_test_case(
-    sandbox: Sandbox, code: str, test: TestCase, *, timeout_s: float, float_tolerance: float | None = None
+    sandbox: Sandbox,
+    code: str,
+    test: TestCase,
+    *,
+    timeout_s: float,
+    float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE,
 ) -> TestOutcome:
+    cap = _stdout_cap(test, sandbox)
     if test.kind == "call":
         assert test.fn_name is not None
         arguments = test.input if isinstance(test.input, str) else json.dumps(test.input)
-        result = await sandbox.run(_call_program(code, test.fn_name), stdin=arguments, timeout_s=timeout_s)
+        program = _call_program(code, test.fn_name)
+        result = await sandbox.run(program, stdin=arguments, timeout_s=timeout_s, stdout_cap=cap, kill_on_overflow=True)
     else:
-        result = await sandbox.run(code, stdin=str(test.input), timeout_s=timeout_s)
+        result = await sandbox.run(code, stdin=str(test.input), timeout_s=timeout_s, stdout_cap=cap,
+                                   kill_on_overflow=True)  # fmt: skip
+    if result.stdout_truncated:  # killed for it, or flooded as the time ran out: either way too much output
+        return TestOutcome(OUTPUT_LIMIT, result.stdout[:2000], result.stderr, result.exit_code)
     if result.timed_out or result.signal == 24:  # wall clock or the CPU limit's SIGXCPU
         return TestOutcome(TIMEOUT, result.stdout, result.stderr, result.exit_code)
     if result.exit_code != 0:
         return TestOutcome(ERROR, result.stdout, result.stderr, result.exit_code)
     if test.kind == "call":
-        ok, got = _judge_call(test.output, result)
+        ok, got = _judge_call(test.output, result, float_tolerance)
     else:
         ok, got = outputs_match(test.output, result.stdout, float_tolerance=float_tolerance), result.stdout
     return TestOutcome(PASSED if ok else WRONG, got, result.stderr, result.exit_code)
@@ -168,10 +212,17 @@ async def run_test_cases(
     tests: list[TestCase],
     *,
     timeout_s: float = 6.0,
-    float_tolerance: float | None = None,
+    float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE,
     stop_at_first_failure: bool = False,
+    stop_after_timeout: bool = False,
 ) -> list[TestOutcome]:
-    """Run every test (concurrently, bounded by the sandbox's slots); one outcome per test, in order."""
+    """Run every test (concurrently, bounded by the sandbox's slots); one outcome per test, in order.
+
+    ``stop_at_first_failure``: run in order and stop at the first failing test (fewer outcomes).
+    ``stop_after_timeout``: once a test exceeds the time limit, tests not finished yet are cancelled
+    and reported ``not run`` (a program that is too slow once cannot pass anyway; this bounds the cost
+    of a slow program on a large suite).
+    """
     if stop_at_first_failure:
         outcomes = []
         for test in tests:
@@ -180,8 +231,20 @@ async def run_test_cases(
             if not outcome.passed:
                 break
         return outcomes
-    return list(
-        await asyncio.gather(
-            *(run_test_case(sandbox, code, t, timeout_s=timeout_s, float_tolerance=float_tolerance) for t in tests)
-        )
-    )
+    tasks = [
+        asyncio.ensure_future(run_test_case(sandbox, code, t, timeout_s=timeout_s, float_tolerance=float_tolerance))
+        for t in tests
+    ]
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if stop_after_timeout and any(t.result().verdict == TIMEOUT for t in done):
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+    finally:
+        for task in tasks:
+            task.cancel()
+    return [t.result() if not t.cancelled() else TestOutcome(NOT_RUN) for t in tasks]

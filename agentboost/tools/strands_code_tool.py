@@ -76,8 +76,10 @@ def make_code_tool(
     async def run_tests(code: str) -> dict[str, Any]:
         """Run your complete Python program against the problem's public example tests.
 
-        The program reads the test input from stdin and prints the answer to stdout. The result
-        lists which tests pass, with the expected and actual output of those that fail.
+        For input/output problems the program reads the test input from stdin and prints the answer;
+        for function problems it defines the function (or ``class Solution`` method) the problem
+        asks for. The result lists which tests pass, with the expected and actual output of those
+        that fail.
 
         Args:
             code: the complete Python program to test.

@@ -2,7 +2,9 @@
 
 Train: the ``primeintellect``, ``taco`` and ``lcbv5`` subsets; test: ``lcbv5``. Every problem's tests
 (three formats upstream: LiveCodeBench lists, TACO ``{"inputs", "outputs", "fn_name"}`` dicts,
-PrimeIntellect lists) become one list of ``{"input", "output", "testtype", "fn_name"}``: all of them
+PrimeIntellect lists) become one list of ``{"input", "output", "testtype", "fn_name"}`` (TACO's
+function outputs unwrapped from their one-element lists; problems with more tests than the reward
+runs are dropped): all of them
 are the hidden tests the reward runs in the sandbox; the first ``--public`` are also available to
 the agent through its ``run_tests`` tool. No test is ever put into the prompt. Rows are written as
 ``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_deepcoder`` when rLLM is
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+from agentboost.rewards.code import MAX_TESTS
 from agentboost.sandbox.testcases import TestCase
 
 logger = logging.getLogger("prepare_deepcoder_data")
@@ -48,10 +51,14 @@ def normalise_tests(tests: Any) -> list[dict[str, Any]]:
         if len(inputs) != len(outputs):
             raise ValueError(f"{len(inputs)} inputs but {len(outputs)} outputs")
         fn_name = tests.get("fn_name")
+        if fn_name:  # TACO wraps each return value in a one-element list
+            outputs = [o[0] if isinstance(o, list) and len(o) == 1 else o for o in outputs]
         tests = [{"input": i, "output": o, "testtype": "functional" if fn_name else "stdin", "fn_name": fn_name}
                  for i, o in zip(inputs, outputs, strict=True)]  # fmt: skip
     if not isinstance(tests, list) or not tests:
         raise ValueError("no tests")
+    if len(tests) > MAX_TESTS:
+        raise ValueError(f"{len(tests)} tests (the reward runs at most {MAX_TESTS})")
     out = []
     for t in tests:
         if not isinstance(t, dict) or "input" not in t or "output" not in t:
