@@ -92,7 +92,8 @@ class SandboxConfig:
     directory, its home directory (datasets, caches) and rLLM's dataset registry directory. Never
     hidden: ``/``, system directories, and a directory holding the interpreter or the sandbox root
     (a stdlib-only sandbox prefers a system interpreter outside them). Needs the mount namespace;
-    ``isolation()["hidden_paths"]`` says which are hidden."""
+    ``isolation()["hidden_paths"]`` lists those the program cannot see into (covered, absent inside,
+    e.g. under the private ``/tmp``, or unreadable)."""
 
 
 @dataclass
@@ -366,7 +367,10 @@ class Sandbox:
                 "try:\n    s.connect(('127.0.0.1', 9)); r['net'] = 'open'\n"
                 "except OSError as e:\n    r['net'] = e.errno\n"
                 "r['tmp_entries'] = len(os.listdir('/tmp'))\n"
-                f"r['hidden'] = [p for p in {self._hidden_for(python)!r} if os.path.isdir(p) and not os.listdir(p)]\n"
+                "def _unseen(p):\n"
+                "    try:\n        return not os.listdir(p)\n"
+                "    except OSError:\n        return True\n"
+                f"r['hidden'] = [p for p in {self._hidden_for(python)!r} if _unseen(p)]\n"
                 "print(__import__('json').dumps(r))\n"
             )
             result = asyncio.run(self._run(probe, "", 20.0, 0, python))
