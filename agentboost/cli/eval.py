@@ -165,8 +165,7 @@ def main(args: argparse.Namespace) -> int:
             stored_eps = list(store.episodes.values())
             only_failures = bool(stored_eps) and all(e.termination is Termination.INFRA_ERROR for e in stored_eps)
             if only_failures and failure is None:
-                common = Counter(e.termination_detail for e in stored_eps).most_common(1)[0][0]
-                failure = f"all {len(stored_eps)} episodes ended in infra_error: {common}"
+                failure = f"all {len(stored_eps)} episodes ended in infra_error: {_most_common_detail(stored_eps)}"
             if failure is not None:
                 if only_failures:
                     store.clear()
@@ -191,12 +190,17 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(report.to_markdown(title) + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
     infra = report.data["infra_errors"]
     if infra:
-        details = Counter(e.termination_detail for e in episodes if e.termination is Termination.INFRA_ERROR)
+        failed = [e for e in episodes if e.termination is Termination.INFRA_ERROR]
         sys.stderr.write(f"agentboost eval: {infra} of {len(episodes)} episodes ended in infra_error and count as "
-                         f"failures above (most common: {details.most_common(1)[0][0]!r}); fix the cause and run "
+                         f"failures above (most common: {_most_common_detail(failed)!r}); fix the cause and run "
                          "the same command with --retry-failed\n")  # fmt: skip
         return EXIT_INFRA
     return 0
+
+
+def _most_common_detail(episodes: list[Any]) -> str:
+    """The termination detail most of ``episodes`` share (the likely cause of a failure)."""
+    return Counter(e.termination_detail for e in episodes).most_common(1)[0][0]
 
 
 def _todo(specs: list[EpisodeSpec], store: EpisodeStore, *, retry_failed: bool) -> list[EpisodeSpec]:
@@ -241,8 +245,7 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await runner
-                details = Counter(e.termination_detail for e in first).most_common(1)[0][0]
-                raise AllFailing(f"the first {window} episodes all ended in infra_error: {details}")
+                raise AllFailing(f"the first {window} episodes all ended in infra_error: {_most_common_detail(first)}")
             runner.result()
         finally:
             bar.close()

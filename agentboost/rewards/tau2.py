@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_BASIS = ("DB", "COMMUNICATE")
-ENV_BASES = {"DB", "ENV_ASSERTION"}
 AGENT_STOP, USER_STOP, PREMATURE = "agent_stop", "user_stop", "premature"
 
 

@@ -213,24 +213,14 @@ async def run_test_cases(
     *,
     timeout_s: float = 6.0,
     float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE,
-    stop_at_first_failure: bool = False,
     stop_after_timeout: bool = False,
 ) -> list[TestOutcome]:
     """Run every test (concurrently, bounded by the sandbox's slots); one outcome per test, in order.
 
-    ``stop_at_first_failure``: run in order and stop at the first failing test (fewer outcomes).
     ``stop_after_timeout``: once a test exceeds the time limit, tests not finished yet are cancelled
     and reported ``not run`` (a program that is too slow once cannot pass anyway; this bounds the cost
     of a slow program on a large suite).
     """
-    if stop_at_first_failure:
-        outcomes = []
-        for test in tests:
-            outcome = await run_test_case(sandbox, code, test, timeout_s=timeout_s, float_tolerance=float_tolerance)
-            outcomes.append(outcome)
-            if not outcome.passed:
-                break
-        return outcomes
     tasks = [
         asyncio.ensure_future(run_test_case(sandbox, code, t, timeout_s=timeout_s, float_tolerance=float_tolerance))
         for t in tests

@@ -24,8 +24,8 @@ def make_python_tool(*, sandbox: Sandbox | None = None, timeout_s: float = 10.0,
         """Run a Python program and see what it prints. Use print() to show results.
 
         Only the standard library is available (math, fractions, decimal, itertools, functools,
-        collections, statistics, ...): no third-party packages, no network, no files outside the
-        program's own working directory.
+        collections, statistics, ...): no third-party packages and no network; the program can write
+        files only in its own working directory.
 
         Args:
             code: the complete Python program.
