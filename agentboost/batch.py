@@ -10,7 +10,9 @@ concatenation, ``attention_mask`` marks real tokens, ``position_ids`` count real
 
 Failed episodes are never dropped: an episode with no tokens at all becomes one pad prompt token and
 one pad response token, all masked, reward 0. A row that does not fit ``P``/``R`` is cut (prompt: its
-first tokens are dropped; response: its tail) and masked, never trained on half-seen.
+first tokens are dropped; response: its tail) and masked like a failure: reward 0, out of its GRPO
+group, never trained on half-seen. The episode itself is marked (``masked = True``,
+``metadata["batch_cut"]`` says why) so metrics, saved episodes and advantages all agree.
 """
 
 from __future__ import annotations
@@ -71,15 +73,19 @@ def episodes_to_batch(
     prompts, responses, masks, logprobs, truncated = [], [], [], [], []
     for episode in episodes:
         prompt, response, mask, lps = row_tokens(episode, pad_token_id)
-        cut = False
+        reasons = []
         if max_prompt_length is not None and len(prompt) > max_prompt_length:
-            prompt, cut = prompt[-max_prompt_length:], True
+            reasons.append(f"prompt of {len(prompt)} tokens > max_prompt_length={max_prompt_length}")
+            prompt = prompt[-max_prompt_length:]
         if max_response_length is not None and len(response) > max_response_length:
-            response, mask, lps, cut = (
-                response[:max_response_length], mask[:max_response_length], lps[:max_response_length], True
-            )  # fmt: skip
+            reasons.append(f"response of {len(response)} tokens > max_response_length={max_response_length}")
+            response, mask, lps = response[:max_response_length], mask[:max_response_length], lps[:max_response_length]
+        cut = bool(reasons)
         if cut:
             mask = [0] * len(mask)
+            if not episode.masked:  # a failure's own reason stays; a cut row is masked from here on
+                episode.masked = True
+                episode.metadata["batch_cut"] = "; ".join(reasons)
         prompts.append(prompt)
         responses.append(response)
         masks.append(mask)

@@ -22,12 +22,15 @@ class EpisodeStop(AgentboostError):
 
 
 class ContextOverflow(AgentboostError):
-    """The next prompt does not fit the context or response budget."""
+    """The task's initial prompt does not fit the context or prompt budget (masked: not the policy's doing).
+    Running out of room later in an episode is ``EpisodeStop(MAX_TOKENS)``."""
 
     termination = Termination.CONTEXT_OVERFLOW
 
 
 class EpisodeTimeout(AgentboostError):
+    """The wall clock ran out while the agent was acting (its tools, the loop between calls)."""
+
     termination = Termination.TIMEOUT
 
 
@@ -38,13 +41,17 @@ class BackendError(AgentboostError):
 
 
 class BackendContextOverflow(BackendError):
-    """The server rejected the prompt as longer than its context window."""
+    """The server rejected the prompt as longer than its context window. On the first call that is
+    the task's prompt (``context_overflow``); later the :class:`~agentboost.model.TokenModel` turns it
+    into ``max_tokens`` (the policy's turns filled the context)."""
 
     termination = Termination.CONTEXT_OVERFLOW
 
 
 class BackendTimeout(BackendError):
-    termination = Termination.TIMEOUT
+    """No answer from the server in time: an infrastructure timeout (masked), never the policy's."""
+
+    termination = Termination.INFRA_ERROR
 
 
 class TrajectoryDivergence(AgentboostError):
@@ -62,9 +69,19 @@ class TemplateError(AgentboostError):
 
 
 class ToolFatalError(AgentboostError):
-    """Raise from a tool to end the episode with ``tool_error`` (e.g. its sandbox is gone)."""
+    """Raise from a tool to end the episode at once.
 
-    termination = Termination.TOOL_ERROR
+    By default the tool's infrastructure failed (its sandbox or database is gone): ``infra_error``,
+    masked. With ``caused_by_policy=True`` the policy did something that ends the episode (a
+    forbidden action): ``tool_error``, which keeps its reward and its place in the GRPO group."""
+
+    termination = Termination.INFRA_ERROR
+
+    def __init__(self, *args: object, caused_by_policy: bool = False) -> None:
+        super().__init__(*args)
+        self.caused_by_policy = caused_by_policy
+        if caused_by_policy:
+            self.termination = Termination.TOOL_ERROR
 
 
 class UnsupportedContent(AgentboostError):

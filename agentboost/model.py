@@ -43,7 +43,9 @@ from .chat.parsers import TOOL_NAME_RE, ParsedCall
 from .chat.template import ChatTemplate
 from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats, token_digest
 from .errors import (
+    BackendContextOverflow,
     BackendError,
+    BackendTimeout,
     ContextOverflow,
     EpisodeStop,
     EpisodeTimeout,
@@ -106,6 +108,8 @@ class TokenModel(Model):
         self._deadline = time.monotonic() + self.budget.wall_clock_s
         self._call_errors: dict[str, str] = {}
         self._cancelled_calls: set[str] = set()
+        self._turn_limit_calls: set[str] = set()
+        self._request_window: tuple[float, float | None] | None = None
         self._pending_stop: EpisodeStop | None = None
         self.synthetic_messages = 0
         self.model_time_s = 0.0
@@ -145,6 +149,14 @@ class TokenModel(Model):
     def start_clock(self, deadline: float) -> None:
         """Share the episode deadline (monotonic seconds) set by the runner."""
         self._deadline = deadline
+
+    def waiting_on_server_at(self, moment: float) -> bool:
+        """Whether a request was with the server at ``moment`` (monotonic): a deadline that passed
+        then was used up by the server, not by the policy."""
+        if self._request_window is None:
+            return False
+        sent, answered = self._request_window
+        return sent <= moment and (answered is None or answered > moment)
 
     async def stream(  # type: ignore[override]
         self,
@@ -201,7 +213,15 @@ class TokenModel(Model):
         if self.sampling.max_tokens_per_call is not None:
             max_tokens = min(max_tokens, self.sampling.max_tokens_per_call)
         if max_tokens < 1:
-            raise ContextOverflow(f"no token budget left for call {call_index} (context {context_len} tokens)")
+            if first:  # the task alone does not fit: not the policy's doing
+                raise ContextOverflow(f"the initial prompt ({context_len} tokens) leaves no token budget")
+            # The policy's turns (and the tool results they asked for) used the budget up: the same
+            # ending as a generation cut by max_tokens, wherever the budget happens to run out.
+            raise EpisodeStop(
+                Termination.MAX_TOKENS,
+                f"token budget used up before call {call_index}: the context is {context_len} tokens "
+                f"({len(new_ids)} new after the last response)",
+            )
 
         prompt = self._context + new_ids
         request = GenerationRequest(
@@ -214,9 +234,19 @@ class TokenModel(Model):
             group_id=self.group_id,
         )
         started = time.monotonic()
-        result = await self._await_generation(request, cancel_signal)
-        latency = time.monotonic() - started
-        self.model_time_s += latency
+        self._request_window = (started, None)
+        try:
+            result = await self._await_generation(request, cancel_signal)
+        except BackendContextOverflow as exc:
+            if first:
+                raise
+            raise EpisodeStop(
+                Termination.MAX_TOKENS, f"the server refused call {call_index}'s prompt of {len(prompt)} tokens: {exc}"
+            ) from exc
+        finally:
+            self._request_window = (started, time.monotonic())
+            latency = time.monotonic() - started
+            self.model_time_s += latency  # a hung or cancelled request counts too
         if result is None:
             return None, []
         self._validate(result, request)
@@ -251,9 +281,15 @@ class TokenModel(Model):
             reasoning_unclosed=parsed.reasoning_unclosed,
             message_index=len(messages),
         )
-        self.episode.calls.append(call)
-        self.episode.parse_errors += parsed.parse_errors
         truncated = result.finish_reason == FINISH_LENGTH
+        if truncated:  # the cut-off calls are never executed: no parse error reached the model
+            call.parse_errors, call.tool_calls = 0, 0
+        self.episode.calls.append(call)
+        self.episode.parse_errors += call.parse_errors
+        if not truncated and call_index == self.budget.max_turns - 1:
+            # The last call the budget allows: its tool calls would run, but their results could
+            # never reach the trajectory (no call follows). They are not executed.
+            self._turn_limit_calls.update(f"call_{call_index}_{i}" for i in range(len(parsed.calls)))
         events = self._events(
             call_index, parsed.reasoning, parsed.content, [] if truncated else parsed.calls, truncated
         )
@@ -309,7 +345,9 @@ class TokenModel(Model):
         task = asyncio.ensure_future(self.backend.generate(request))
         try:
             while True:
-                done, _ = await asyncio.wait({task}, timeout=_CANCEL_POLL_S if cancel_signal else None)
+                remaining = self._deadline - time.monotonic()
+                wait_s = max(0.0, (remaining if cancel_signal is None else min(_CANCEL_POLL_S, remaining))) + 0.001
+                done, _ = await asyncio.wait({task}, timeout=wait_s)
                 if done:
                     result = task.result()
                     break
@@ -318,7 +356,7 @@ class TokenModel(Model):
                     return None
                 if time.monotonic() > self._deadline:
                     task.cancel()
-                    raise EpisodeTimeout("wall-clock budget ran out during generation")
+                    raise BackendTimeout("the wall-clock budget ran out while waiting for the inference server")
         except BaseException:
             if not task.done():
                 task.cancel()
@@ -407,6 +445,12 @@ class TrajectoryHooks(HookProvider):
 
     def _before_tool(self, event: BeforeToolCallEvent) -> None:
         tool_use_id = str(event.tool_use.get("toolUseId"))
+        if tool_use_id in self.model._turn_limit_calls:
+            limit = self.model.budget.max_turns
+            event.cancel_tool = f"Error: not executed: the turn limit (max_turns={limit}) is reached."
+            self.model._cancelled_calls.add(tool_use_id)
+            self.model._call_errors.pop(tool_use_id, None)
+            return
         error = self.model._call_errors.pop(tool_use_id, None)
         if error is not None:
             event.cancel_tool = error
@@ -431,7 +475,9 @@ class TrajectoryHooks(HookProvider):
             return
         if isinstance(event.exception, ToolFatalError):
             name = event.tool_use.get("name")
-            self.model._pending_stop = EpisodeStop(Termination.TOOL_ERROR, f"tool {name!r} failed: {event.exception}")
+            self.model._pending_stop = EpisodeStop(
+                event.exception.termination, f"tool {name!r} failed fatally: {event.exception}"
+            )
             return
         limit = self.model.budget.max_tool_errors
         if limit is not None:
@@ -452,7 +498,8 @@ def tool_limits_middleware(model: TokenModel) -> Any:
     async def limit(context: Any, next_fn: Any) -> AsyncIterator[Any]:
         name = context.tool_use.get("name", "")
         stream = next_fn(context).__aiter__()
-        deadline = time.monotonic() + timeout_s if timeout_s else None
+        started = time.monotonic()
+        deadline = started + timeout_s if timeout_s else None
         try:
             while True:
                 # Each step runs in this task (no wait_for task per step): the tool's tracing
@@ -474,6 +521,16 @@ def tool_limits_middleware(model: TokenModel) -> Any:
                         model.episode.tools.setdefault(name, ToolStats()).truncated += 1
                         event = ToolResultEvent(capped, event.exception)
                 yield event
+        except asyncio.CancelledError:
+            # Cut off by the end of the episode (wall clock): Strands reports no result for it, but
+            # the call ran and counts (as an error that timed out, like a tool timeout).
+            if str(context.tool_use.get("toolUseId")) not in model._cancelled_calls:
+                stats = model.episode.tools.setdefault(name, ToolStats())
+                stats.calls += 1
+                stats.errors += 1
+                stats.timeouts += 1
+                stats.total_time_s += time.monotonic() - started
+            raise
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()

@@ -6,9 +6,13 @@ rLLM engine adapter all call it, so every path produces the same typed, checked 
 * every failure becomes a :class:`~agentboost.types.Termination` (never an exception out of here,
   except cancellation of the caller);
 * the token invariant is checked on every episode; a violation is an ``infra_error``;
-* terminations in ``settings.masked_terminations`` get reward 0 and an all-zero loss mask, and are
-  still returned (never dropped);
-* the reward function runs with a timeout; if it fails the episode is ``infra_error`` and masked.
+* one masking rule (README, "What is trained on"): endings the policy caused (``completed``,
+  ``max_turns``, ``max_tokens``, ``timeout`` in its own turns, ``tool_error``) are scored by the
+  reward function; endings it did not cause (``context_overflow`` of the task's prompt,
+  ``infra_error``) get reward 0 and an all-zero loss mask, and are still returned (never dropped);
+* every wait is bounded by the episode's wall clock: a deadline hit while the agent acts (its tools,
+  the loop between calls) is the policy's ``timeout``; one hit while waiting for the server, the
+  environment (reset, the simulated user) or the reward is an infrastructure ``infra_error``.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ class RolloutSettings:
     def is_masked(self, termination: Termination) -> bool:
         if termination in self.masked_terminations:
             return True
-        return self.mask_truncated and termination in (Termination.MAX_TOKENS, Termination.MAX_TURNS)
+        return self.mask_truncated and termination.is_truncation
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,16 +96,14 @@ class RolloutSettings:
 def _stop_reason_termination(stop_reason: str) -> tuple[Termination, str]:
     if stop_reason in ("end_turn", "stop_sequence"):
         return Termination.COMPLETED, ""
-    if stop_reason in ("max_tokens", "limit_output_tokens"):
+    if stop_reason in ("max_tokens", "limit_output_tokens", "limit_total_tokens"):
         return Termination.MAX_TOKENS, f"stop_reason={stop_reason}"
     if stop_reason in ("limit_turns",):
         return Termination.MAX_TURNS, f"stop_reason={stop_reason}"
-    if stop_reason in ("limit_total_tokens",):
-        return Termination.CONTEXT_OVERFLOW, f"stop_reason={stop_reason}"
     return Termination.INFRA_ERROR, f"the agent stopped with stop_reason={stop_reason!r}"
 
 
-def _exception_termination(exc: BaseException) -> tuple[Termination, str]:
+def _exception_termination(exc: BaseException, calls_made: int) -> tuple[Termination, str]:
     from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
 
     seen: set[int] = set()
@@ -111,7 +113,8 @@ def _exception_termination(exc: BaseException) -> tuple[Termination, str]:
         if isinstance(current, MaxTokensReachedException):
             return Termination.MAX_TOKENS, "a generation reached max_tokens"
         if isinstance(current, ContextWindowOverflowException):
-            return Termination.CONTEXT_OVERFLOW, str(current)
+            # Before the first response it is the task's prompt; afterwards the policy filled the context.
+            return (Termination.MAX_TOKENS if calls_made else Termination.CONTEXT_OVERFLOW), str(current)
         if isinstance(current, RecursionError):
             return Termination.INFRA_ERROR, "RecursionError in the Strands event loop (raise max recursion depth)"
         current = current.__cause__ or current.__context__
@@ -154,33 +157,48 @@ async def run_episode(
     episode.task_id = task_id
     termination, detail = Termination.INFRA_ERROR, ""
     strands_agent: Any = None
+    phase = "environment reset"  # what the episode is waiting on; names who used up the clock
     if budget.max_turns > 150 and sys.getrecursionlimit() < 10_000:
         sys.setrecursionlimit(10_000)  # the Strands event loop recurses once per model call
+
+    def left() -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        return remaining
+
     try:
-        observation, info = await asyncio.to_thread(env.reset)
+        observation, info = await asyncio.wait_for(asyncio.to_thread(env.reset), timeout=left())
         agent.reset()
         agent.update_from_env(observation, 0.0, False, info)
-        strands_agent = await asyncio.to_thread(agent.build_agent, model, env.tools, env.task)
+        phase = "agent construction"
+        strands_agent = await asyncio.wait_for(
+            asyncio.to_thread(agent.build_agent, model, env.tools, env.task), timeout=left()
+        )
         prompt: str | None = env.initial_prompt()
         while prompt is not None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
+            phase = "agent"
             # Strands' own turn limit ends the loop gracefully at a message boundary; the TokenModel
             # enforces the same budget as a backstop.
             turns_left = max(1, budget.max_turns - len(episode.calls))
             invocation = strands_agent.invoke_async(prompt, limits={"turns": turns_left})
-            result = await asyncio.wait_for(invocation, timeout=remaining + _TIMEOUT_GRACE_S)
+            result = await asyncio.wait_for(invocation, timeout=left() + _TIMEOUT_GRACE_S)
             termination, detail = _stop_reason_termination(str(result.stop_reason))
             if termination is not Termination.COMPLETED:
                 break
-            prompt = await env.next_user_message(strands_agent.messages)
+            phase = "environment (next user turn)"
+            prompt = await asyncio.wait_for(env.next_user_message(strands_agent.messages), timeout=left())
     except (TimeoutError, asyncio.TimeoutError):
-        termination, detail = Termination.TIMEOUT, f"wall-clock budget of {budget.wall_clock_s}s used up"
+        used = f"wall-clock budget of {budget.wall_clock_s}s used up"
+        if phase == "agent" and not model.waiting_on_server_at(deadline):
+            termination, detail = Termination.TIMEOUT, f"{used} while the agent was acting (its tools or loop)"
+        else:
+            waiting = "the inference server" if phase == "agent" else phase
+            termination, detail = Termination.INFRA_ERROR, f"{used} while waiting on {waiting}"
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        termination, detail = _exception_termination(exc)
+        termination, detail = _exception_termination(exc, len(episode.calls))
         if termination is Termination.INFRA_ERROR:
             logger.warning("episode %s failed: %s", episode.id, detail, exc_info=logger.isEnabledFor(logging.DEBUG))
     rollout_done = time.monotonic()

@@ -9,32 +9,49 @@ from typing import Any
 
 
 class Termination(str, Enum):
-    """Why an episode ended. Every episode ends with exactly one of these."""
+    """Why an episode ended. Every episode ends with exactly one of these.
+
+    One rule decides what is trained on (README, "What is trained on"): endings the policy caused
+    keep a reward (the reward function decides; agentboost's rewards give 0 to anything but
+    ``completed``) and stay in their GRPO group; endings it did not cause are masked (reward 0, loss
+    mask 0, out of their group).
+    """
 
     COMPLETED = "completed"
     """The agent finished on its own (final answer without tool calls)."""
     MAX_TURNS = "max_turns"
-    """The model-call budget was used up; the episode stops at a message boundary."""
+    """The model-call budget was used up (policy). The last call's tool calls are not executed."""
     MAX_TOKENS = "max_tokens"
-    """A generation was cut by ``max_tokens`` (per-call cap or the remaining token budget): truncated."""
+    """The token budget ran out after the policy acted (policy): a generation was cut by
+    ``max_tokens``, or the next prompt (the policy's turns plus tool results / user turns) leaves no
+    room under the budget or the server's context window."""
     CONTEXT_OVERFLOW = "context_overflow"
-    """The next prompt no longer fits the context/response budget or the server rejected its length."""
+    """The task's initial prompt alone does not fit the prompt/total budget or the server (data or
+    configuration, not the policy): masked."""
     TIMEOUT = "timeout"
-    """The episode's wall-clock budget ran out."""
+    """The wall-clock budget ran out while the agent was acting: running the tools it called or
+    between calls (policy). Running out while waiting for the server or the environment is
+    ``infra_error``."""
     TOOL_ERROR = "tool_error"
-    """A tool failed fatally or the tool-error budget was exceeded."""
+    """More failed or invalid tool calls than ``Budget.max_tool_errors``, or a tool ended the episode
+    with ``ToolFatalError(caused_by_policy=True)`` (policy)."""
     INFRA_ERROR = "infra_error"
-    """Anything that is not the policy's doing: server errors, crashes, broken invariants."""
+    """Anything that is not the policy's doing: server errors and aborted generations, waiting on the
+    server or environment past the deadline, worker crashes, reward-function failures, tool
+    infrastructure failures (``ToolFatalError``), broken invariants. Masked."""
 
     @property
     def is_failure(self) -> bool:
-        """Terminations that say nothing about the policy's quality (masked by default)."""
+        """Endings the policy did not cause (masked by default): they say nothing about its quality."""
         return self in _FAILURES
 
+    @property
+    def is_truncation(self) -> bool:
+        """Endings ``mask_truncated`` (DAPO-style overlong filtering) masks on request."""
+        return self in (Termination.MAX_TOKENS, Termination.MAX_TURNS)
 
-_FAILURES = frozenset(
-    {Termination.CONTEXT_OVERFLOW, Termination.TIMEOUT, Termination.TOOL_ERROR, Termination.INFRA_ERROR}
-)
+
+_FAILURES = frozenset({Termination.CONTEXT_OVERFLOW, Termination.INFRA_ERROR})
 
 DEFAULT_MASKED_TERMINATIONS: frozenset[Termination] = _FAILURES
 """Episodes ending like this get reward 0 and an all-zero loss mask (they stay in the batch)."""

@@ -12,9 +12,14 @@ their module-level names. rLLM's loop itself is not copied or rewritten. For Str
 * ``_pad_dataproto_to_world_size`` pads as upstream (copies of real rows) and zeroes the copies' loss
   mask, scores and advantages, so groups stay complete and nothing is trained twice;
 * ``compute_advantage`` (module function, wrapped): masked rows get a uid of their own while GRPO
-  statistics are computed, so a crashed episode does not count as a failed sample of its group;
+  statistics are computed, so a crashed episode does not count as a failed sample of its group; with
+  a group estimator (GRPO, RLOO, ...) a row left without an unmasked sibling gets advantage 0 (veRL
+  would use its raw reward: a group of one has mean 0 and std 1 there);
 * ``compute_data_metrics`` (module function, wrapped): adds the rollout-vs-trainer log-prob gap over
   model tokens and applies the stale-rollout alarm (``+rllm.strands.logprob_gap_alarm``);
+* a step whose rows are all masked (a server or sandbox outage) skips the actor/critic update with a
+  warning and ``strands/update_skipped=1`` instead of crashing veRL's metrics (and instead of an
+  optimizer step on stale momentum); the run carries on;
 * Strands metrics (terminations, tool calls/errors, per-tool usage, parse errors, latency) are logged
   for training (``strands/...``) and validation (``val/strands/...``). Validation rewards of failed
   episodes are 0 and count in rLLM's ``val/test_score`` denominators.
@@ -29,6 +34,8 @@ import json
 import logging
 import os
 import threading
+from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 logger = logging.getLogger("agentboost.rllm_trainer")
@@ -54,9 +61,17 @@ def run_coroutine(coro: Any) -> Any:
     return box["value"]
 
 
+def _termination_summary(batch: Any) -> str:
+    from agentboost.integration.verl_batch import TERMINATION_KEY
+
+    ends = batch.non_tensor_batch.get(TERMINATION_KEY)
+    return ", ".join(f"{k}: {v}" for k, v in Counter(ends.tolist()).most_common()) if ends is not None else "?"
+
+
 def check_config(config: Any) -> None:
     """Refuse rLLM options that contradict whole-episode Strands trajectories; warn on risky ones."""
     from agentboost.integration.config import cfg_get
+    from agentboost.integration.verl_batch import GROUP_ESTIMATORS
 
     if cfg_get(config, "rllm.stepwise_advantage.enable", False):
         raise ValueError(
@@ -66,6 +81,14 @@ def check_config(config: Any) -> None:
         logger.warning(
             "rllm.rejection_sample.enable drops all-solved/all-failed groups and then truncates the batch to a "
             "multiple of the world size, which can cut a GRPO group; agentboost keeps groups whole only without it"
+        )
+    estimator = cfg_get(config, "algorithm.adv_estimator", "")
+    estimator = str(getattr(estimator, "value", estimator))
+    if estimator in GROUP_ESTIMATORS and int(cfg_get(config, "actor_rollout_ref.rollout.n", 1)) < 2:
+        logger.warning(
+            "algorithm.adv_estimator=%s compares the samples of a prompt, but actor_rollout_ref.rollout.n < 2: "
+            "every row is its group's only member and gets advantage 0 (agentboost gives no baseline-free signal)",
+            estimator,
         )
     if cfg_get(config, "rllm.mask_truncated_samples", False):
         logger.warning(
@@ -87,7 +110,14 @@ def install(ns: dict[str, Any]) -> bool:
         return False
     from agentboost.integration.config import cfg_get
     from agentboost.integration.metrics import LogprobGapAlarm, episode_metrics, logprob_gap_metrics
-    from agentboost.integration.verl_batch import MASKED_KEY, episodes_to_verl, isolated_masked_uids, mask_padding_rows
+    from agentboost.integration.verl_batch import (
+        GROUP_ESTIMATORS,
+        MASKED_KEY,
+        episodes_to_verl,
+        isolated_masked_uids,
+        mask_padding_rows,
+        zero_lone_survivors,
+    )
 
     upstream_compute_advantage = ns["compute_advantage"]
     upstream_compute_data_metrics = ns["compute_data_metrics"]
@@ -95,21 +125,51 @@ def install(ns: dict[str, Any]) -> bool:
     state: dict[str, Any] = {"alarm": LogprobGapAlarm(None)}
 
     def compute_advantage(data: Any, *args: Any, **kwargs: Any) -> Any:
+        non_tensor = getattr(data, "non_tensor_batch", {})
+        uids = non_tensor["uid"].copy() if "uid" in non_tensor else None
         with isolated_masked_uids(data) as isolated:
             out = upstream_compute_advantage(data, *args, **kwargs)
-        if isolated and out is not data and "uid" in getattr(data, "non_tensor_batch", {}):
+        if isolated and out is not data and uids is not None:
             out.non_tensor_batch["uid"] = data.non_tensor_batch["uid"]
+        estimator = kwargs.get("adv_estimator", args[0] if args else None)
+        if uids is not None and str(getattr(estimator, "value", estimator)) in GROUP_ESTIMATORS:
+            zero_lone_survivors(out, uids)
         return out
 
     def compute_data_metrics(batch: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        metrics = upstream_compute_data_metrics(batch, *args, **kwargs)
-        keys = set(batch.batch.keys())  # TensorDict refuses `in`
         tensors = batch.batch
-        if MASKED_KEY in batch.non_tensor_batch and {"rollout_log_probs", "old_log_probs"} <= keys:
-            gap = logprob_gap_metrics(tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"])
-            state["alarm"].update(gap)
-            metrics.update(gap)
+        if MASKED_KEY in batch.non_tensor_batch and not bool(tensors["response_mask"].any()):
+            # Every row masked: veRL's metrics take max/min over an empty selection. Nothing was trained.
+            return {
+                "strands/update_skipped": 1.0,
+                "response_length/mean": float(tensors["attention_mask"].sum(-1).float().mean()),
+            }
+        metrics = upstream_compute_data_metrics(batch, *args, **kwargs)
+        keys = set(tensors.keys())  # TensorDict refuses `in`
+        if MASKED_KEY in batch.non_tensor_batch:
+            metrics["strands/update_skipped"] = 0.0
+            if {"rollout_log_probs", "old_log_probs"} <= keys:
+                gap = logprob_gap_metrics(
+                    tensors["rollout_log_probs"], tensors["old_log_probs"], tensors["response_mask"]
+                )
+                state["alarm"].update(gap)
+                metrics.update(gap)
         return metrics
+
+    def skip_when_nothing_to_learn(update: Any, role: str) -> Any:
+        """``update_actor``/``update_critic`` of a worker group, skipped for a batch without loss tokens."""
+
+        def guarded(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if MASKED_KEY in getattr(batch, "non_tensor_batch", {}) and not bool(batch.batch["response_mask"].any()):
+                logger.warning(
+                    "agentboost: every row of this step is masked (%s): skipping the %s update",
+                    _termination_summary(batch), role,
+                )  # fmt: skip
+                return SimpleNamespace(meta_info={"metrics": {f"strands/{role}_update_skipped": [1.0]}})
+            return update(batch, *args, **kwargs)
+
+        guarded.__wrapped__ = update  # type: ignore[attr-defined]
+        return guarded
 
     class StrandsAwarePPOTrainer(base):  # type: ignore[misc, valid-type]
         """rLLM's agent PPO trainer that also trains Strands agents on token-exact episodes."""
@@ -126,6 +186,19 @@ def install(ns: dict[str, Any]) -> bool:
                 check_config(self.config)
                 options = options_from_config(self.config)
                 state["alarm"] = LogprobGapAlarm(options.logprob_gap_alarm, options.logprob_gap_patience)
+
+        def init_workers(self) -> None:
+            super().init_workers()
+            if self._strands:
+                self._guard_updates()
+
+        def _guard_updates(self) -> None:
+            for group_name, method, role in (("actor_rollout_wg", "update_actor", "actor"),
+                                             ("critic_wg", "update_critic", "critic")):  # fmt: skip
+                group = getattr(self, group_name, None)
+                update = getattr(group, method, None)
+                if update is not None and not hasattr(update, "__wrapped__"):
+                    setattr(group, method, skip_when_nothing_to_learn(update, role))
 
         def generate_agent_trajectory(self, timing_raw: Any = None, meta_info: Any = None) -> Any:
             if not self._strands:

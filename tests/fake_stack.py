@@ -74,6 +74,8 @@ class FakeVLLMEngine:
         self.requests: list[tuple[str, FakeSamplingParams, int]] = []
         self.ramble: int = 0
         """Extra tokens to append before the end of turn (to provoke length stops)."""
+        self.abort: bool = False
+        """End every generation early with vLLM's ``abort`` (preemption, engine shutdown)."""
 
     async def generate(self, *, prompt: FakeTokensPrompt, sampling_params: FakeSamplingParams, request_id: str,
                        lora_request: Any = None):  # fmt: skip
@@ -89,6 +91,8 @@ class FakeVLLMEngine:
         finish, stop_reason = "stop", None
         if len(ids) > sampling_params.max_tokens:
             ids, finish = ids[: sampling_params.max_tokens], "length"
+        if self.abort:
+            ids, finish = ids[:2], "abort"
         await asyncio.sleep(0)
         logprobs = None
         if sampling_params.logprobs is not None:
@@ -363,7 +367,32 @@ def grpo_compute_advantage(data: FakeDataProto, **kwargs: Any) -> FakeDataProto:
 
 
 def compute_data_metrics(batch: FakeDataProto, use_critic: bool = False) -> dict[str, float]:
-    return {"critic/score/mean": float(batch.batch["token_level_scores"].sum(-1).mean())}
+    """veRL 0.6.1: rows without loss tokens count as aborted and are left out; the score and advantage
+    statistics take max/min over what is left (an empty selection raises, as in veRL)."""
+    import torch
+
+    response_mask = batch.batch["response_mask"].bool()
+    kept = response_mask.sum(-1) > 0
+    scores = batch.batch["token_level_scores"].sum(-1)[kept]
+    metrics = {"critic/score/mean": float(scores.mean()), "critic/score/max": float(torch.max(scores))}
+    if "advantages" in batch.batch.keys():  # noqa: SIM118 - TensorDict refuses `in`
+        metrics["critic/advantages/max"] = float(torch.max(torch.masked_select(batch.batch["advantages"], response_mask)))
+    return metrics
+
+
+class FakeWorkerGroup:
+    """A veRL worker group: ``update_actor``/``update_critic`` return a DataProto whose meta_info holds metrics."""
+
+    def __init__(self) -> None:
+        self.updates: list[int] = []
+
+    def update_actor(self, batch: Any) -> Any:
+        from types import SimpleNamespace
+
+        self.updates.append(len(batch))
+        return SimpleNamespace(meta_info={"metrics": {"actor/pg_loss": [0.1]}})
+
+    update_critic = update_actor
 
 
 def trainer_namespace() -> dict[str, Any]:
@@ -378,6 +407,10 @@ def trainer_namespace() -> dict[str, Any]:
             self.agent_execution_engine = engine
             self.world_size = world_size
             self.global_steps = 1
+
+        def init_workers(self):
+            self.actor_rollout_wg = FakeWorkerGroup()
+            self.critic_wg = FakeWorkerGroup()
 
         def generate_agent_trajectory(self, timing_raw=None, meta_info=None):
             return "upstream", {}

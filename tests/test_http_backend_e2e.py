@@ -96,6 +96,16 @@ def test_persistent_failures_become_infra_error(server, qwen25_template) -> None
     episode = _episode(backend, qwen25_template)
     assert episode.termination is Termination.INFRA_ERROR and "after 2 retries" in episode.termination_detail
     assert episode.masked and len(server.requests) == 3
+    # The status and the server's own message survive the retries (they say why it failed).
+    assert "HTTP 500" in episode.termination_detail and "injected failure 500" in episode.termination_detail
+
+
+def test_persistent_aborts_are_infra_error(server, qwen25_template) -> None:
+    server.abort_next = 10
+    backend = VLLMCompletionsBackend(server.url, model="fake-model", max_retries=1)
+    episode = _episode(backend, qwen25_template)
+    assert episode.termination is Termination.INFRA_ERROR and episode.masked
+    assert "finish_reason='abort'" in episode.termination_detail and episode.calls == []
 
 
 def test_server_context_error_is_context_overflow(qwen25_template) -> None:
@@ -128,11 +138,11 @@ def test_no_token_ids_at_all_is_refused(server, qwen25_template) -> None:
     assert episode.termination is Termination.INFRA_ERROR and "never re-tokenises" in episode.termination_detail
 
 
-def test_slow_server_times_out(server, qwen25_template) -> None:
+def test_slow_server_is_an_infrastructure_timeout(server, qwen25_template) -> None:
     server.delay_s = 2.0
     settings = RolloutSettings(budget=Budget(wall_clock_s=0.5))
     episode = _episode(VLLMCompletionsBackend(server.url, model="fake-model"), qwen25_template, settings)
-    assert episode.termination is Termination.TIMEOUT and episode.masked
+    assert episode.termination is Termination.INFRA_ERROR and episode.masked  # the server's, not the policy's
 
 
 def test_episodes_stick_to_one_server(qwen25_template) -> None:

@@ -81,6 +81,91 @@ def test_padding_rows_are_masked_and_failed_rows_do_not_skew_groups(qwen25_token
     assert padded.non_tensor_batch[MASKED_KEY][3] and padded.non_tensor_batch["uid"][3] != "p0"
 
 
+def _per_row(out: Any) -> Any:
+    return out.batch["advantages"].sum(-1) / out.batch["response_mask"].sum(-1).clamp(min=1)
+
+
+def _mask_row(batch: Any, i: int) -> None:
+    batch.non_tensor_batch[MASKED_KEY][i] = True
+    batch.batch["response_mask"][i] = 0
+    batch.batch["token_level_scores"][i] = 0
+
+
+def test_a_lone_survivor_of_its_group_gets_no_advantage(qwen25_tokenizer, tmp_path) -> None:
+    """veRL treats a group of one as mean 0 / std 1: the survivor of a group whose other members
+    failed would be trained on its raw reward (REINFORCE without a baseline). The rule, as in the
+    built-in trainer: fewer than 2 unmasked members -> advantage 0."""
+    trainer, engine, ns = make_trainer(qwen25_tokenizer, tmp_path)
+    fake_stack.load_rows(engine, make_tasks(2, seed=6, max_ops=1, max_value=9), n=3)
+    batch, _ = trainer.generate_agent_trajectory(meta_info={})
+    batch.non_tensor_batch["uid"] = np.array(["a"] * 3 + ["b"] * 3, dtype=object)
+    assert batch.batch["token_level_scores"].sum(-1).tolist() == [1.0] * 6
+    _mask_row(batch, 1)
+    _mask_row(batch, 2)  # group a: two infra failures, one survivor with reward 1
+    batch.batch["token_level_scores"][4] = 0  # group b: rewards 1, 0, 1
+    with isolated_masked_uids(batch):  # the adapter before this fix: failures isolated, survivor alone
+        raw = fake_stack.grpo_compute_advantage(batch)
+    assert _per_row(raw)[0].item() == pytest.approx(1.0, rel=1e-4)  # its raw reward
+    out = ns["compute_advantage"](batch, adv_estimator="grpo")
+    adv = _per_row(out)
+    assert adv[0].item() == 0.0 and out.batch["advantages"][0].abs().sum() == 0
+    assert adv[1].item() == 0.0 and adv[2].item() == 0.0
+    assert adv[3].item() > 0 > adv[4].item() and adv[5].item() == pytest.approx(adv[3].item())
+    # A critic-based estimator has no groups: nothing is zeroed.
+    _mask_row(batch, 4)
+    _mask_row(batch, 5)
+    out = ns["compute_advantage"](batch, adv_estimator="gae")
+    assert _per_row(out)[3].item() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_rows_cut_by_the_batch_lengths_are_masked_and_counted(qwen25_tokenizer, tmp_path) -> None:
+    """A row longer than data.max_response_length (the episode budget was configured larger) loses
+    its tail: it must not keep its reward, join its group, or be trained on half-seen."""
+    strands = {"budget": {"max_response_tokens": 4096, "max_total_tokens": 8192}}
+    config = fake_stack.training_config(
+        **{"trainer.default_local_dir": str(tmp_path), "rllm.strands": strands, "data.max_response_length": 40}
+    )
+    trainer, engine, ns = make_trainer(qwen25_tokenizer, tmp_path, config=config)
+    fake_stack.load_rows(engine, make_tasks(1, seed=10, max_ops=1, max_value=9), n=2)
+    for server in engine.rollout_engine.rollout_manager.server_handles:
+        server.server.engine.ramble = 30  # about 30 extra tokens in the final answer: longer than 40 in all
+    batch, metrics = trainer.generate_agent_trajectory(meta_info={})
+    assert batch.non_tensor_batch[MASKED_KEY].tolist() == [True, True]
+    assert batch.batch["token_level_scores"].abs().sum() == 0 and batch.batch["response_mask"].sum() == 0
+    assert metrics["strands/masked_fraction"] == 1.0 and metrics["strands/batch_cut_fraction"] == 1.0
+    saved = [json.loads(line) for line in (tmp_path / "episodes" / "1.jsonl").read_text().splitlines()]
+    assert all(e["masked"] and "max_response_length=40" in e["metadata"]["batch_cut"] for e in saved)
+
+
+def test_a_step_with_every_row_masked_skips_the_update(qwen25_tokenizer, tmp_path, caplog) -> None:
+    """One step of server outage must not kill the run (veRL's metrics take max over an empty
+    selection) nor move the weights (an optimizer step on stale momentum)."""
+    trainer, engine, ns = make_trainer(qwen25_tokenizer, tmp_path)
+    trainer.init_workers()
+    rows = [{**r, "tools": ["no.such.module:tool"]} for r in make_tasks(2, seed=11, max_ops=1, max_value=9)]
+    fake_stack.load_rows(engine, rows, n=2)
+    batch, _ = trainer.generate_agent_trajectory(meta_info={})
+    assert batch.batch["response_mask"].sum() == 0
+    batch.non_tensor_batch["uid"] = np.array(["a", "a", "b", "b"], dtype=object)
+    batch = ns["compute_advantage"](batch, adv_estimator="grpo")
+    with caplog.at_level("WARNING"):
+        output = trainer.actor_rollout_wg.update_actor(batch)
+    assert trainer.actor_rollout_wg.__class__ is fake_stack.FakeWorkerGroup
+    assert trainer.actor_rollout_wg.updates == []  # the real update never ran
+    assert output.meta_info["metrics"] == {"strands/actor_update_skipped": [1.0]}
+    assert "every row of this step is masked" in caplog.text and "infra_error: 4" in caplog.text
+    with pytest.raises(RuntimeError):
+        fake_stack.compute_data_metrics(batch)  # what veRL's own metrics do with this batch
+    metrics = ns["compute_data_metrics"](batch, use_critic=False)
+    assert metrics["strands/update_skipped"] == 1.0
+    # The next step is normal again.
+    fake_stack.load_rows(engine, make_tasks(1, seed=12, max_ops=1, max_value=9), n=2)
+    batch, _ = trainer.generate_agent_trajectory(meta_info={})
+    trainer.actor_rollout_wg.update_actor(batch)
+    assert trainer.actor_rollout_wg.updates == [2]
+    assert ns["compute_data_metrics"](batch, use_critic=False)["strands/update_skipped"] == 0.0
+
+
 def test_logprob_gap_metrics_and_stale_rollout_alarm(qwen25_tokenizer, tmp_path) -> None:
     strands = {"logprob_gap_alarm": 0.5, "logprob_gap_patience": 2}
     config = fake_stack.training_config(**{"trainer.default_local_dir": str(tmp_path), "rllm.strands": strands})

@@ -81,6 +81,35 @@ async def test_backend_through_actor_handles(qwen25_tokenizer, qwen25_template) 
         await VerlServerBackend([fake_stack.FakeActorHandle(plain)]).generate(request)
 
 
+async def test_aborted_generation_is_infra_error_not_a_finished_turn(qwen25_tokenizer, qwen25_template) -> None:
+    server = adapted_server(qwen25_tokenizer, max_model_len=400)
+    server.engine.abort = True  # 2 tokens, then vLLM aborts (shorter than max_tokens: looked like "stop")
+    backend = VerlServerBackend([fake_stack.FakeActorHandle(server)])
+    request = GenerationRequest(qwen25_template.encode("What is 4 * 5?"), SamplingParams(), 50, "ep-1")
+    with pytest.raises(BackendError, match="finish_reason='abort'"):
+        await backend.generate(request)
+
+    engine, servers = make_engine(qwen25_tokenizer)
+    for s in servers:
+        s.engine.abort = True
+    load_rows(engine, make_tasks(1, seed=4, max_ops=1, max_value=9), n=2)
+    items = await collect(engine)
+    assert [i["episode"].termination for i in items] == [Termination.INFRA_ERROR] * 2
+    assert all(i["episode"].masked and i["response_masks"].sum() == 0 for i in items)
+
+
+async def test_unreported_finish_reason_is_derived_from_the_tokens(qwen25_template) -> None:
+    from agentboost.backends.verl_server import derive_finish_reason
+
+    eot = qwen25_template.info.eot_token_id
+    request = GenerationRequest([1, 2], SamplingParams(), 3, "r", stop_token_ids=(eot,))
+    assert derive_finish_reason(None, [5, 6, 7], request, where="s") == "length"  # filled max_tokens
+    assert derive_finish_reason(None, [5, 6, eot], request, where="s") == "stop"  # ...with a stop token
+    assert derive_finish_reason(None, [5, eot], request, where="s") == "stop"
+    with pytest.raises(BackendError):
+        derive_finish_reason("abort", [5], request, where="s")
+
+
 # -- config ----------------------------------------------------------------------------------------
 def test_options_come_from_the_config_never_hard_coded() -> None:
     options = options_from_config(fake_stack.training_config())

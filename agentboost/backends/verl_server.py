@@ -101,10 +101,8 @@ class VerlServerBackend:
                 f"the rollout server returned {len(token_ids)} tokens for max_tokens={request.max_tokens}: "
                 "verl 0.6.1's server ignores max_tokens; run `python apply_patches.py`"
             )
-        finish = getattr(output, "finish_reason", None)
-        if finish not in (FINISH_STOP, FINISH_LENGTH):
-            ended = bool(token_ids) and token_ids[-1] in request.stop_token_ids
-            finish = FINISH_STOP if ended or len(token_ids) < request.max_tokens else FINISH_LENGTH
+        reported = getattr(output, "finish_reason", None)
+        finish = derive_finish_reason(reported, token_ids, request, where=f"rollout server {server}")
         log_probs = getattr(output, "log_probs", None)
         return GenerationResult(
             token_ids=token_ids,
@@ -114,6 +112,23 @@ class VerlServerBackend:
             server=f"replica-{server}",
             weight_version=getattr(output, "weight_version", None),
         )
+
+
+def derive_finish_reason(reported: Any, token_ids: list[int], request: GenerationRequest, *, where: str) -> str:
+    """``stop`` or ``length`` for a reply, never a guess that hides a failure.
+
+    An aborted generation (vLLM's ``abort``: preempted, cancelled, the engine shutting down) is an
+    infrastructure failure, not a finished turn, whatever its length. A server that reports nothing
+    (verl's unadapted server) gets the reason derived from the tokens: a reply that filled its
+    ``max_tokens`` was cut (``length``) unless it ends with a stop token; a shorter one stopped.
+    """
+    if reported in (FINISH_STOP, FINISH_LENGTH):
+        return str(reported)
+    if reported is not None:
+        raise BackendError(f"{where}: generation ended with finish_reason={reported!r} after {len(token_ids)} tokens")
+    if token_ids and token_ids[-1] in request.stop_token_ids:
+        return FINISH_STOP
+    return FINISH_LENGTH if len(token_ids) >= request.max_tokens else FINISH_STOP
 
 
 async def _awaitable(ref: Any) -> Any:

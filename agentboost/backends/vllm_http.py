@@ -152,10 +152,10 @@ class VLLMCompletionsBackend:
                 except httpx.TransportError as exc:
                     error = exc
                 else:
-                    result = self._parse(response, request, url)
-                    if result is not None:
-                        return result
-                    error = BackendError(f"{url} aborted the generation")
+                    outcome = self._parse(response, request, url)
+                    if isinstance(outcome, GenerationResult):
+                        return outcome
+                    error = outcome
                 attempt += 1
                 if attempt > self.max_retries:
                     raise BackendError(f"{url} failed after {self.max_retries} retries: {error}") from error
@@ -165,11 +165,13 @@ class VLLMCompletionsBackend:
         finally:
             self.router.release(server)
 
-    def _parse(self, response: httpx.Response, request: GenerationRequest, url: str) -> GenerationResult | None:
-        """The result, or None for a retryable failure; raises for permanent ones."""
+    def _parse(self, response: httpx.Response, request: GenerationRequest, url: str) -> GenerationResult | BackendError:
+        """The result, or the error of a retryable failure (its status and the server's message, so a
+        persistent one says why); raises for permanent ones."""
         if response.status_code in _RETRY_STATUS:
-            logger.warning("%s answered HTTP %d", url, response.status_code)
-            return None
+            message = _server_message(response)
+            logger.warning("%s answered HTTP %d: %s", url, response.status_code, message)
+            return BackendError(f"{url} answered HTTP {response.status_code}: {message}")
         try:
             data = response.json()
         except ValueError as exc:
@@ -184,8 +186,8 @@ class VLLMCompletionsBackend:
         except (KeyError, IndexError, TypeError) as exc:
             raise BackendError(f"{url}: reply has no choices") from exc
         finish = choice.get("finish_reason")
-        if finish == "abort":
-            return None
+        if finish == "abort":  # preempted or cancelled by the server: retried, never a finished turn
+            return BackendError(f"{url} aborted the generation (finish_reason='abort')")
         if finish not in (FINISH_STOP, FINISH_LENGTH):
             raise BackendError(f"{url}: unexpected finish_reason {finish!r}")
         logprob_block = choice.get("logprobs") or {}
@@ -218,6 +220,22 @@ class VLLMCompletionsBackend:
             server=url,
             weight_version=response.headers.get("x-weight-version"),
         )
+
+
+def _server_message(response: httpx.Response, limit: int = 500) -> str:
+    """The error message of a failed reply (JSON ``message``/``error`` or the raw body), capped."""
+    try:
+        data = response.json()
+    except ValueError:
+        text = response.text
+    else:
+        if isinstance(data, dict):
+            error = data.get("error")
+            text = str(data.get("message") or (error.get("message") if isinstance(error, dict) else error) or data)
+        else:
+            text = str(data)
+    text = " ".join(text.split())
+    return (text[:limit] + "...") if len(text) > limit else (text or "(empty body)")
 
 
 def _root(url: str) -> str:

@@ -1,6 +1,7 @@
 """Strands metrics for W&B, and the alarm that stops training on stale rollouts.
 
-:func:`episode_metrics` (keys under ``strands/``): termination reasons (fractions), masked fraction,
+:func:`episode_metrics` (keys under ``strands/``): termination reasons (fractions), masked fraction
+(failures and rows cut by the batch's length limits; ``batch_cut_fraction`` the latter alone),
 model calls, tool calls and tool errors per episode, tool error rate, per-tool calls and error rate,
 parse errors and unknown-tool calls per episode, episode latency (mean/p50/p90/max), response and
 model tokens, reward.
@@ -47,6 +48,7 @@ def episode_metrics(episodes: list[Episode], prefix: str = "strands") -> dict[st
     for reason in Termination:
         out[f"{prefix}/termination/{reason.value}"] = terminations.get(reason.value, 0) / n
     out[f"{prefix}/masked_fraction"] = sum(e.masked for e in episodes) / n
+    out[f"{prefix}/batch_cut_fraction"] = sum("batch_cut" in e.metadata for e in episodes) / n
     calls = sum(e.tool_calls for e in episodes)
     errors = sum(e.tool_errors for e in episodes)
     out[f"{prefix}/model_calls_per_episode"] = sum(len(e.calls) for e in episodes) / n

@@ -10,12 +10,16 @@ veRL can use them for importance correction).
 Per-row bookkeeping travels as non-tensor columns prefixed ``agentboost_``: the episode id, the
 termination and whether the row is masked.
 
-Two fixes to how the trainer treats rows, applied by the adapter:
+Fixes to how the trainer treats rows, applied by the adapter:
 
 * :func:`mask_padding_rows`: rLLM pads the batch to the world size with *copies* of real rows
   (``pad_dataproto_to_divisor``); the copies would be trained on twice. Their loss mask is zeroed.
 * :func:`isolated_masked_uids`: a masked (failed) row keeps reward 0 but must not drag its GRPO
   group's mean and std down: while advantages are computed it gets a uid of its own.
+* :func:`zero_lone_survivors`: a row whose group has fewer than 2 unmasked members has no baseline.
+  veRL's group estimators treat a group of one as mean 0 / std 1, i.e. its raw reward becomes its
+  advantage (REINFORCE without a baseline, on whichever sample happened to survive); agentboost's
+  rule, shared with the built-in trainer, is advantage 0.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from typing import Any
 from ..batch import episodes_to_batch
 from ..episode import Episode
 
+GROUP_ESTIMATORS = frozenset(
+    {"grpo", "grpo_vectorized", "grpo_passk", "rloo", "rloo_vectorized", "opo", "gpg", "reinforce_plus_plus_baseline"}
+)
+"""veRL advantage estimators whose baseline comes from the other samples of the prompt (``uid``)."""
 MASKED_KEY = "agentboost_masked"
 TERMINATION_KEY = "agentboost_termination"
 EPISODE_KEY = "agentboost_episode_id"
@@ -97,3 +105,27 @@ def isolated_masked_uids(batch: Any) -> Iterator[int]:
         yield count
     finally:
         batch.non_tensor_batch["uid"] = original
+
+
+def lone_survivors(uids: Any, masked: Any) -> list[int]:
+    """Rows that are unmasked but have no unmasked sibling in their group (``uids``)."""
+    alive: dict[Any, list[int]] = {}
+    for i, (uid, flag) in enumerate(zip(uids, masked, strict=True)):
+        if not flag:
+            alive.setdefault(uid, []).append(i)
+    return [rows[0] for rows in alive.values() if len(rows) == 1]
+
+
+def zero_lone_survivors(batch: Any, uids: Any) -> int:
+    """Zero the advantages (and returns) of rows in groups with fewer than 2 unmasked members; returns
+    how many. ``uids``: the real group ids (not the isolated ones used during the computation)."""
+    non_tensor = getattr(batch, "non_tensor_batch", {})
+    if MASKED_KEY not in non_tensor:
+        return 0
+    rows = lone_survivors(list(uids), list(non_tensor[MASKED_KEY]))
+    keys = set(batch.batch.keys())
+    for key in ("advantages", "returns"):
+        if key in keys:
+            for i in rows:
+                batch.batch[key][i] = 0
+    return len(rows)
