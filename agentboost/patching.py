@@ -17,21 +17,31 @@ its end; the block imports the adapter from ``modified_rllm_files`` / ``modified
 * Idempotent: a target that carries the current block is left alone; one with an older block is
   brought up to date from its original bytes. The original is kept next to the file
   (``<file>.agentboost-orig``), written once and never overwritten.
-* ``--revert`` restores the original bytes exactly (checked against the sha256 in the marker);
-  ``--check`` reports each target's state and exits non-zero unless all are patched and current.
+* A patched file must be exactly its original bytes followed by the block agentboost writes for it. Code
+  appended after the block or edited inside it makes the file ``modified``: a re-apply rewrites everything
+  after the original bytes, so applying refuses such a file (naming what differs) unless ``--force``.
+* The adapters must import in a fresh interpreter (this ``sys.executable``, no ``PYTHONPATH``, cwd outside the
+  checkout): rLLM and veRL processes started elsewhere (Ray workers) would otherwise run upstream code.
+* ``--revert`` restores the original bytes exactly (checked against the sha256 in the marker), dropping any
+  changes made after patching; ``--check`` reports each target's state and exits non-zero unless all are
+  patched and current and the adapters import.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
-import importlib
 import importlib.util
+import json
 import logging
 import os
 import re
+import shlex
+import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -45,6 +55,11 @@ BACKUP_SUFFIX = ".agentboost-orig"
 _MARKER_RE = re.compile(
     r"\n?# >>> agentboost adapter v(?P<v>\d+) orig_sha256=(?P<sha>[0-9a-f]{64}) orig_bytes=(?P<n>\d+)[^\n]*\n"
 )
+PROBE_TIMEOUT_S = 120.0
+"""Cap on the fresh interpreter that checks the adapters import (it imports only light modules)."""
+_DIFF_INPUT_CAP = 64 * 1024
+_SHOWN_LINES = 12
+_SHOWN_LINE_CHARS = 160
 
 
 @dataclass(frozen=True)
@@ -89,7 +104,9 @@ class State(str, Enum):
     CLEAN = "clean"
     PATCHED = "patched"
     OUTDATED = "outdated"
-    """Carries an older agentboost block."""
+    """Carries an older agentboost block, byte for byte as that version wrote it."""
+    MODIFIED = "modified"
+    """Original bytes intact, but what follows them is not the block agentboost wrote (code appended or edited)."""
     DAMAGED = "damaged"
     """Carries a block, but the bytes before it are not the original they claim to be."""
 
@@ -102,9 +119,9 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def block_for(target: Target, original: bytes) -> bytes:
+def _block_v1(target: Target, original: bytes) -> bytes:
     text = (
-        f"\n{BEGIN} v{BLOCK_VERSION} orig_sha256={sha256(original)} orig_bytes={len(original)} "
+        f"\n{BEGIN} v1 orig_sha256={sha256(original)} orig_bytes={len(original)} "
         "(remove: python apply_patches.py --revert) >>>\n"
         "try:\n"
         f"    from {target.adapter} import install as _agentboost_install\n"
@@ -119,6 +136,15 @@ def block_for(target: Target, original: bytes) -> bytes:
         f"{END}\n"
     )
     return text.encode()
+
+
+BLOCK_RENDERERS: dict[int, Callable[[Target, bytes], bytes]] = {1: _block_v1}
+"""Every block version this agentboost reproduces byte for byte. When bumping BLOCK_VERSION keep the old
+renderers: a file with an old block is then verified exactly before it is upgraded (else it reads as modified)."""
+
+
+def block_for(target: Target, original: bytes, version: int = BLOCK_VERSION) -> bytes:
+    return BLOCK_RENDERERS[version](target, original)
 
 
 @dataclass
@@ -146,20 +172,66 @@ def locate(target: Target) -> Located:
     return Located(target, dist.version, path if path is not None and path.is_file() else None)
 
 
-def parse(data: bytes) -> tuple[State, bytes]:
-    """The file's state and its original (pre-agentboost) bytes."""
+@dataclass(frozen=True)
+class Parsed:
+    state: State
+    original: bytes
+    """The pre-agentboost bytes (the whole file when CLEAN or DAMAGED)."""
+    detail: str = ""
+    """What differs from the expected file (MODIFIED), for messages."""
+
+
+def _printable(line: str) -> str:
+    """A file line made safe for a terminal (escapes control characters) and short."""
+    cut = line[:_SHOWN_LINE_CHARS]
+    shown = "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in cut)
+    return shown + (f" ... ({len(line) - len(cut)} more characters)" if len(line) > len(cut) else "")
+
+
+def describe_difference(expected: bytes, actual: bytes) -> str:
+    """What a file carries after its original bytes instead of the expected block, shortened for a message."""
+    if actual.startswith(expected):
+        extra = actual[len(expected) :]
+        head = f"{len(extra)} bytes after the end of the adapter block"
+        shown = ["+" + line for line in extra[:_DIFF_INPUT_CAP].decode("utf-8", errors="replace").splitlines()]
+    elif len(actual) > _DIFF_INPUT_CAP:
+        return f"{len(actual)} bytes where the {len(expected)}-byte adapter block should be"
+    else:
+        head = "the adapter block differs from the one agentboost writes"
+        diff = difflib.unified_diff(
+            expected.decode("utf-8", errors="replace").splitlines(),
+            actual.decode("utf-8", errors="replace").splitlines(),
+            lineterm="",
+            n=1,
+        )
+        shown = [line for line in diff if not line.startswith(("---", "+++"))]
+    body = ["    " + _printable(line) for line in shown[:_SHOWN_LINES]]
+    if len(shown) > _SHOWN_LINES:
+        body.append(f"    ... ({len(shown) - _SHOWN_LINES} more lines)")
+    return head + (":\n" + "\n".join(body) if body else "")
+
+
+def parse(target: Target, data: bytes) -> Parsed:
+    """The file's state and its original (pre-agentboost) bytes; the whole file is compared, not just the marker."""
     text = data.decode("utf-8", errors="surrogateescape")
     match = _MARKER_RE.search(text)
     if match is None:
         if BEGIN.encode() in data:
-            return State.DAMAGED, data
-        return State.CLEAN, data
-    original = data[: int(match.group("n"))]
-    if sha256(original) != match.group("sha"):
-        return State.DAMAGED, data
-    if int(match.group("v")) != BLOCK_VERSION:
-        return State.OUTDATED, original
-    return State.PATCHED, original
+            return Parsed(State.DAMAGED, data)
+        return Parsed(State.CLEAN, data)
+    size = int(match.group("n"))
+    original = data[:size]
+    if len(original) != size or sha256(original) != match.group("sha"):
+        return Parsed(State.DAMAGED, data)
+    version = int(match.group("v"))
+    render = BLOCK_RENDERERS.get(version)
+    if render is None:
+        detail = f"it carries an adapter block v{version}, which this agentboost cannot verify"
+        return Parsed(State.MODIFIED, original, detail)
+    expected = render(target, original)
+    if data[size:] != expected:
+        return Parsed(State.MODIFIED, original, describe_difference(expected, data[size:]))
+    return Parsed(State.PATCHED if version == BLOCK_VERSION else State.OUTDATED, original)
 
 
 @dataclass
@@ -187,13 +259,25 @@ def plan(located: Located, *, revert: bool, force: bool) -> Plan:
     if located.path is None:
         raise PatchError(f"cannot find {target.relpath} in the installed {target.dist} {located.version}")
     data = located.path.read_bytes()
-    state, original = parse(data)
+    parsed = parse(target, data)
+    state, original = parsed.state, parsed.original
     if state is State.DAMAGED:
         backup = located.path.with_name(located.path.name + BACKUP_SUFFIX)
         raise PatchError(
             f"{located.path} carries an agentboost block that does not match its recorded original; restore "
             f"{backup} (if present) or reinstall {target.dist}. Nothing was changed."
         )
+    if state is State.MODIFIED:
+        note = f"{located.path} was changed after agentboost patched it: {parsed.detail}"
+        if revert:
+            logger.warning("%s\n--revert discards this and restores the original bytes", note)
+        elif not force:
+            raise PatchError(
+                f"{note}\nApplying rewrites everything after the original bytes, so this would be lost: move it "
+                "elsewhere, or rerun with --force to discard it. Nothing was changed."
+            )
+        else:
+            logger.warning("%s\ndiscarding it (--force)", note)
     if revert:
         return Plan(located, state, original, original if state is not State.CLEAN else None)
     if sha256(original) not in target.known_sha256:
@@ -263,15 +347,123 @@ def execute(plans: list[Plan], *, revert: bool) -> list[str]:
     return lines
 
 
-def check_adapters_import() -> None:
-    for target in TARGETS:
+_PROBE_SENTINEL = "agentboost-import-probe "
+_PROBE = f"""
+import importlib, json, sys
+result = {{}}
+for name in sys.argv[1:]:
+    try:
+        result[name] = {{"file": getattr(importlib.import_module(name), "__file__", None)}}
+    except BaseException as exc:
+        result[name] = {{"error": (type(exc).__name__ + ": " + str(exc))[:500]}}
+print({_PROBE_SENTINEL!r} + json.dumps(result))
+"""
+
+
+def _install_hint() -> str:
+    checkout = Path(__file__).resolve().parents[1]
+    where = shlex.quote(str(checkout)) if (checkout / "pyproject.toml").is_file() else "<your agentboost checkout>"
+    return f"{shlex.quote(sys.executable)} -m pip install -e {where}"
+
+
+def check_adapters_import(targets: list[Target] | tuple[Target, ...] = TARGETS) -> str:
+    """Refuse unless this interpreter imports the adapters on its own (no PYTHONPATH, cwd outside the checkout).
+
+    Run in-process, the check would pass on the checkout in sys.path[0] while rLLM/veRL processes started
+    elsewhere (Ray workers) fail the import and silently run upstream code. Returns where agentboost comes from.
+    """
+    names = ["agentboost", *dict.fromkeys(t.adapter for t in targets)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory(prefix="agentboost-import-probe-") as cwd:
         try:
-            importlib.import_module(target.adapter)
-        except Exception as exc:
+            proc = subprocess.run(
+                [sys.executable, "-c", _PROBE, *names],
+                check=False,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=PROBE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired as exc:
             raise PatchError(
-                f"cannot import {target.adapter} ({exc}); install agentboost into this environment first "
-                "(pip install -e .)"
+                f"{sys.executable} took over {PROBE_TIMEOUT_S:.0f}s to import {', '.join(names)}. Nothing was changed."
             ) from exc
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(_PROBE_SENTINEL)]
+    if not lines:
+        raise PatchError(
+            f"{sys.executable} could not check whether it imports agentboost (exit {proc.returncode}): "
+            f"{proc.stderr[-1000:].strip()}. Nothing was changed."
+        )
+    result: dict[str, dict[str, str | None]] = json.loads(lines[-1][len(_PROBE_SENTINEL) :])
+    failed = {name: r["error"] for name, r in result.items() if "error" in r}
+    if failed:
+        name, error = next(iter(failed.items()))
+        raise PatchError(
+            f"{sys.executable} cannot import {', '.join(failed)} when started outside this checkout "
+            f"({name}: {error}); rLLM and veRL processes started with it (Ray workers) would run upstream code. "
+            f"Install agentboost into that interpreter first (pip install -e . from the checkout): {_install_hint()}. "
+            "Nothing was changed."
+        )
+    found = result["agentboost"].get("file") or "?"
+    here = Path(__file__).resolve().parent
+    if found != "?" and Path(found).resolve().parent != here:
+        logger.warning(
+            "%s imports agentboost from %s, not from this copy (%s): rLLM and veRL will run that copy's adapters",
+            sys.executable,
+            Path(found).parent,
+            here,
+        )
+    return str(Path(found).parent)
+
+
+def _only_hint(located: list[Located], flags: str) -> str:
+    """The ``--only`` reruns that work with the packages that are installed (table-driven: any dist in TARGETS)."""
+    dists = list(dict.fromkeys(loc.target.dist for loc in located))
+    missing = {loc.target.dist for loc in located if loc.version is None}
+    present = [d for d in dists if d not in missing]
+    if not missing or not present:
+        return ""
+    return " To work on the installed packages alone: " + " / ".join(
+        f"python apply_patches.py{flags} --only {d}" for d in present
+    )
+
+
+def _refuse_missing(located: list[Located], flags: str) -> None:
+    missing: dict[str, list[str]] = {}
+    for loc in located:
+        if loc.version is None:
+            missing.setdefault(loc.target.dist, []).append(loc.target.module)
+    if missing:
+        needed = "; ".join(f"{dist} is not installed (needed for {', '.join(mods)})" for dist, mods in missing.items())
+        raise PatchError(f"{needed}. Nothing was changed.{_only_hint(located, flags)}")
+
+
+def _check(located: list[Located], targets: list[Target]) -> int:
+    ok = True
+    for loc in located:
+        detail = ""
+        if loc.version is None or loc.path is None:
+            state = "not installed"
+        else:
+            parsed = parse(loc.target, loc.path.read_bytes())
+            state, detail = parsed.state.value, parsed.detail
+        ok = ok and state == State.PATCHED.value
+        logger.info("%-55s %-9s %s %s", loc.target.module, state, loc.version or "-", loc.path or "")
+        if detail:
+            logger.warning("  %s", detail.replace("\n", "\n  "))
+    hint = _only_hint(located, " --check")
+    if hint:
+        logger.info("%s", hint.strip())
+    try:
+        where = check_adapters_import(targets)
+    except PatchError as exc:
+        logger.error("apply_patches: %s", exc)
+        return 1
+    logger.info("adapters import in %s (agentboost from %s)", sys.executable, where)
+    return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,30 +472,35 @@ def main(argv: list[str] | None = None) -> int:
         description="Install agentboost's adapters into the installed rLLM v0.2.1.post1 and veRL 0.6.1.",
     )
     action = parser.add_mutually_exclusive_group()
-    action.add_argument("--check", action="store_true", help="report each target's state; exit 1 unless all patched")
+    action.add_argument(
+        "--check", action="store_true", help="report each target's state; exit 1 unless all patched and importable"
+    )
     action.add_argument("--revert", action="store_true", help="restore the original upstream files exactly")
-    parser.add_argument("--force", action="store_true", help="patch files whose contents are not the known upstream")
-    parser.add_argument("--only", choices=["rllm", "verl"], help="only this package's targets")
+    parser.add_argument(
+        "--force", action="store_true", help="patch files whose contents are not the known upstream or were edited"
+    )
+    parser.add_argument("--only", choices=sorted({t.dist for t in TARGETS}), help="only this package's targets")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     targets = [t for t in TARGETS if args.only in (None, t.dist)]
     located = [locate(t) for t in targets]
 
     if args.check:
-        ok = True
-        for loc in located:
-            if loc.version is None or loc.path is None:
-                state = "not installed"
-            else:
-                state = parse(loc.path.read_bytes())[0].value
-            ok = ok and state == State.PATCHED.value
-            logger.info("%-55s %-9s %s %s", loc.target.module, state, loc.version or "-", loc.path or "")
-        return 0 if ok else 1
+        return _check(located, targets)
 
     try:
+        _refuse_missing(located, " --revert" if args.revert else "")
         if not args.revert:
-            check_adapters_import()
-        plans = [plan(loc, revert=args.revert, force=args.force) for loc in located]
+            check_adapters_import(targets)
+        plans: list[Plan] = []
+        errors: list[str] = []
+        for loc in located:  # every target is checked, so one run reports every problem
+            try:
+                plans.append(plan(loc, revert=args.revert, force=args.force))
+            except PatchError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise PatchError("\n".join(errors))
         for line in execute(plans, revert=args.revert):
             logger.info("%s", line)
     except PatchError as exc:

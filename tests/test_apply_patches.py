@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 import os
 import subprocess
 import sys
+import venv
 from pathlib import Path
 
 import pytest
@@ -40,7 +43,9 @@ class vLLMHttpServerBase:
 '''
 
 
-def make_tree(root: Path, rllm_version: str = "0.2.1", verl_version: str = "0.6.1") -> dict[str, Path]:
+def make_tree(root: Path, rllm_version: str | None = "0.2.1", verl_version: str | None = "0.6.1") -> dict[str, Path]:
+    """Fake installs (a version of None leaves that package out)."""
+    versions = {"rllm": rllm_version, "verl": verl_version}
     files = {
         "rllm/engine/agent_execution_engine.py": ENGINE,
         "rllm/trainer/verl/agent_ppo_trainer.py": TRAINER,
@@ -48,6 +53,8 @@ def make_tree(root: Path, rllm_version: str = "0.2.1", verl_version: str = "0.6.
     }
     paths = {}
     for rel, text in files.items():
+        if versions[rel.split("/")[0]] is None:
+            continue
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         for parent in path.relative_to(root).parents:
@@ -55,7 +62,9 @@ def make_tree(root: Path, rllm_version: str = "0.2.1", verl_version: str = "0.6.
                 (root / parent / "__init__.py").touch()
         path.write_bytes(text.encode())
         paths[rel] = path
-    for name, version in (("rllm", rllm_version), ("verl", verl_version)):
+    for name, version in versions.items():
+        if version is None:
+            continue
         info = root / f"{name}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
@@ -142,16 +151,29 @@ def test_known_upstream_hash_needs_no_force(tmp_path) -> None:
     assert plan.new is not None and plan.new.startswith(path.read_bytes())
 
 
-def test_outdated_block_is_upgraded_and_damaged_file_refused(tmp_path) -> None:
+def test_outdated_block_is_upgraded_and_damaged_file_refused(tmp_path, monkeypatch) -> None:
     paths = make_tree(tmp_path)
     path = paths["rllm/engine/agent_execution_engine.py"]
     original = path.read_bytes()
-    old_block = patching.block_for(patching.TARGETS[0], original).replace(b"adapter v1 ", b"adapter v0 ")
+    target = patching.TARGETS[0]
+
+    def block_v0(target: patching.Target, original: bytes) -> bytes:
+        return patching.block_for(target, original).replace(b"adapter v1 ", b"adapter v0 ")
+
+    old_block = block_v0(target, original)
     path.write_bytes(original + old_block)
-    located = patching.Located(patching.TARGETS[0], "0.2.1", path)
+    located = patching.Located(target, "0.2.1", path)
+    # an old block that this agentboost cannot reproduce cannot be told apart from an edited one
+    assert patching.parse(target, path.read_bytes()).state is patching.State.MODIFIED
+    with pytest.raises(patching.PatchError, match="cannot verify"):
+        patching.plan(located, revert=False, force=False)
+
+    monkeypatch.setitem(patching.BLOCK_RENDERERS, 0, block_v0)
     plan = patching.plan(located, revert=False, force=True)
     assert plan.state is patching.State.OUTDATED
-    assert plan.new == original + patching.block_for(patching.TARGETS[0], original)
+    assert plan.new == original + patching.block_for(target, original)
+    path.write_bytes(original + old_block.replace(b"else:", b"else:  # tuned by hand"))
+    assert patching.parse(target, path.read_bytes()).state is patching.State.MODIFIED
 
     path.write_bytes(b"# edited by hand\n" + original + old_block)
     with pytest.raises(patching.PatchError, match="does not match its recorded original"):
@@ -194,3 +216,105 @@ def test_patched_module_still_imports_without_agentboost(tmp_path) -> None:
     assert out.returncode == 0 and out.stdout.strip() == "False"  # upstream behaviour, with a warning
     assert "adapter modified_rllm_files.agent_execution_engine not loaded" in out.stderr
     assert paths
+
+
+def known_upstream(monkeypatch, root: Path, paths: dict[str, Path]) -> None:
+    """The fake files become the known upstream ones (so --force is not needed) and the fake tree is importable."""
+    targets = tuple(
+        dataclasses.replace(t, known_sha256=(patching.sha256(paths[t.relpath].read_bytes()),)) for t in patching.TARGETS
+    )
+    monkeypatch.setattr(patching, "TARGETS", targets)
+    monkeypatch.syspath_prepend(str(root))
+
+
+def test_code_added_after_patching_is_reported_refused_and_reverted(tmp_path, monkeypatch, caplog) -> None:
+    """Issue 14/19a: appended or edited code passed --check and a re-apply silently dropped it."""
+    paths = make_tree(tmp_path)
+    originals = {rel: p.read_bytes() for rel, p in paths.items()}
+    known_upstream(monkeypatch, tmp_path, paths)
+    caplog.set_level(logging.INFO, logger="agentboost.patching")
+    assert patching.main([]) == 0
+    patched = {rel: p.read_bytes() for rel, p in paths.items()}
+    engine = paths["rllm/engine/agent_execution_engine.py"]
+    server = paths["verl/workers/rollout/vllm_rollout/vllm_async_server.py"]
+
+    def edit() -> None:
+        engine.write_bytes(patched["rllm/engine/agent_execution_engine.py"] + b"\nLOCAL_FIX = 1  # added by hand\n")
+        server_patched = patched["verl/workers/rollout/vllm_rollout/vllm_async_server.py"]
+        server.write_bytes(server_patched.replace(b"    _agentboost_install(globals())\n", b"    pass\n"))
+
+    edit()
+    caplog.clear()
+    assert patching.main(["--check"]) == 1
+    rows = {line.split()[0]: line.split()[1] for line in caplog.messages if line.startswith(("rllm.", "verl."))}
+    assert rows == {
+        "rllm.engine.agent_execution_engine": "modified",
+        "rllm.trainer.verl.agent_ppo_trainer": "patched",
+        "verl.workers.rollout.vllm_rollout.vllm_async_server": "modified",
+    }
+    assert "LOCAL_FIX = 1" in caplog.text and "-    _agentboost_install(globals())" in caplog.text
+
+    before = snapshot(tmp_path)
+    caplog.clear()
+    assert patching.main([]) == 2  # refused: a re-apply would drop the change
+    assert snapshot(tmp_path) == before
+    error = caplog.text
+    assert f"{engine} was changed after agentboost patched it" in error and "LOCAL_FIX = 1" in error
+    assert f"{server} was changed after agentboost patched it" in error and "+    pass" in error
+    assert "--force" in error
+
+    assert patching.main(["--force"]) == 0  # discards the changes, with a warning
+    assert {rel: p.read_bytes() for rel, p in paths.items()} == patched
+    edit()
+    assert patching.main(["--revert"]) == 0  # the marker's sha256 still identifies the original bytes
+    assert {rel: p.read_bytes() for rel, p in paths.items()} == originals
+    assert not any(Path(str(p) + patching.BACKUP_SUFFIX).exists() for p in paths.values())
+
+    # the whole file is compared: code inserted before the block, or a second block, is a change too
+    target, original = patching.TARGETS[0], originals["rllm/engine/agent_execution_engine.py"]
+    block = patching.block_for(target, original)
+    assert patching.parse(target, original + block).state is patching.State.PATCHED
+    assert patching.parse(target, original + b"X = 1\n" + block).state is patching.State.MODIFIED
+    assert patching.parse(target, original + block + block).state is patching.State.MODIFIED
+
+
+def test_refuses_an_interpreter_that_finds_agentboost_only_in_the_checkout(tmp_path) -> None:
+    """Issue 14/19b: run from the checkout, the import check passed on sys.path[0] while Ray workers could not
+    import agentboost and silently ran upstream code."""
+    site = tmp_path / "site"
+    paths = make_tree(site)
+    bare = tmp_path / "bare"  # an interpreter without agentboost installed
+    venv.EnvBuilder(with_pip=False, symlinks=os.name != "nt").create(bare)
+    python = bare / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    env = {**os.environ, "PYTHONPATH": str(site)}  # rLLM and veRL visible; agentboost only next to the script
+
+    def apply(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(python), str(REPO / "apply_patches.py"), *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    before = snapshot(site)
+    result = apply("--force")
+    assert result.returncode == 2, result.stderr
+    assert "cannot import agentboost" in result.stderr and "Ray workers" in result.stderr
+    assert f"{python} -m pip install -e {REPO}" in result.stderr
+    assert snapshot(site) == before
+    assert apply("--check").returncode == 1
+
+    site_packages = next(bare.glob("lib/python3*/site-packages"), None) or bare / "Lib" / "site-packages"
+    (site_packages / "agentboost-checkout.pth").write_text(f"{REPO}\n")  # what `pip install -e .` amounts to here
+    result = apply("--force")
+    assert result.returncode == 0, result.stderr
+    assert all(patching.BEGIN.encode() in p.read_bytes() for p in paths.values())
+    assert apply("--check").returncode == 0
+
+
+@pytest.mark.parametrize(("absent", "present"), [("verl", "rllm"), ("rllm", "verl")])
+def test_a_missing_package_error_names_the_only_rerun(tmp_path, absent: str, present: str) -> None:
+    """Issue 14/19c: --revert with one package absent did not say how to act on the other alone."""
+    make_tree(tmp_path, **{f"{absent}_version": None})
+    before = snapshot(tmp_path)
+    result = run(tmp_path, "--revert")
+    assert result.returncode == 2 and f"{absent} is not installed" in result.stderr
+    assert f"--revert --only {present}" in result.stderr
+    assert snapshot(tmp_path) == before
+    assert run(tmp_path, "--revert", "--only", present).returncode == 0
