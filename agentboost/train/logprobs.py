@@ -2,19 +2,29 @@
 
 With a 150k-token vocabulary the output projection dominates the cost of a small model: logits are
 computed only at positions whose next token carries loss (``response_mask``), in chunks, never as
-a full [batch, sequence, vocab] tensor.
+a full [batch, sequence, vocab] tensor. They must be the logits the model's own forward produces (the
+rollouts were sampled from those), so the head's post-processing is reproduced and checked once per
+model against a full forward; a model whose forward does something else is refused.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..batch import Batch
 
+_CHECKED: weakref.WeakKeyDictionary[Any, Callable[[Any], Any]] = weakref.WeakKeyDictionary()
+_PROBE_TOKENS = 12
+
+
+def _unwrap(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: LoRA lives inside
+
 
 def _backbone_and_head(model: Any) -> tuple[Any, Any]:
-    if hasattr(model, "get_base_model"):  # peft: LoRA layers live inside the base model's modules
-        model = model.get_base_model()
+    model = _unwrap(model)
     head = model.get_output_embeddings()
     backbone = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     if backbone is None or head is None:
@@ -22,11 +32,79 @@ def _backbone_and_head(model: Any) -> tuple[Any, Any]:
     return backbone, head
 
 
-def response_logprobs(model: Any, batch: Batch, *, chunk_positions: int = 2048, temperature: float = 1.0) -> Any:
-    """[B, R] log-probabilities of ``batch.responses`` (0 where ``response_mask`` is 0)."""
+def _head_postprocess(model: Any) -> Callable[[Any], Any]:
+    """What ``transformers`` causal LMs apply to ``lm_head``'s output, read from the config:
+    Cohere's ``logit_scale`` (multiply), Granite's ``logits_scaling`` (divide), Gemma 2/3's
+    ``final_logit_softcapping`` (cap * tanh(logits / cap))."""
     import torch
 
+    config = _unwrap(model).config
+    scale = getattr(config, "logit_scale", None)
+    divide = getattr(config, "logits_scaling", None)
+    cap = getattr(config, "final_logit_softcapping", None)
+
+    def post(logits: Any) -> Any:
+        if scale is not None:
+            logits = logits * scale
+        if divide is not None:
+            logits = logits / divide
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return post
+
+
+def output_logits_fn(model: Any) -> Callable[[Any], Any]:
+    """``hidden states -> logits`` exactly as the model's forward computes them (checked once per model)."""
+    import torch
+
+    cached = _CHECKED.get(model)
+    if cached is not None:
+        return cached
     backbone, head = _backbone_and_head(model)
+    post = _head_postprocess(model)
+
+    def logits_of(states: Any) -> Any:
+        return post(head(states)).float()
+
+    vocab = int(head.weight.shape[0])
+    device = next(model.parameters()).device
+    ids = (torch.arange(_PROBE_TOKENS, device=device) * 7919 + 11).remainder(vocab).unsqueeze(0)
+    attention = torch.ones_like(ids)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids, attention_mask=attention).logits.float()
+            hidden = backbone(input_ids=ids, attention_mask=attention).last_hidden_state
+            ours = logits_of(hidden)
+    finally:
+        model.train(was_training)
+    gap = float((full - ours).abs().max())
+    if not gap <= 1e-3 * (1.0 + float(full.abs().max())):
+        raise TypeError(
+            f"{type(_unwrap(model)).__name__}'s forward post-processes its output logits in a way agentboost does "
+            f"not reproduce (max difference {gap:.4g} from lm_head + the known scalings: logit_scale, "
+            "logits_scaling, final_logit_softcapping). Its log-probs in the loss would not be the ones the "
+            "rollouts were sampled from, so the trainer refuses this model."
+        )
+    _CHECKED[model] = logits_of
+    return logits_of
+
+
+def response_logprobs(
+    model: Any, batch: Batch, *, chunk_positions: int = 2048, temperature: float = 1.0, with_raw: bool = False
+) -> Any:
+    """[B, R] log-probabilities of ``batch.responses`` (0 where ``response_mask`` is 0) under the
+    model's distribution at ``temperature`` (the one the rollouts were sampled from, as veRL uses).
+    ``with_raw``: also return the temperature-1 values (what backends report, for the staleness check)."""
+    import torch
+
+    if temperature <= 0:
+        raise ValueError(f"log-probs need a temperature > 0, got {temperature}")
+    logits_of = output_logits_fn(model)
+    backbone, _ = _backbone_and_head(model)
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     hidden = backbone(
@@ -39,15 +117,21 @@ def response_logprobs(model: Any, batch: Batch, *, chunk_positions: int = 2048, 
     rows, cols = mask.nonzero(as_tuple=True)
     out = torch.zeros(mask.shape, dtype=torch.float32, device=device)
     if rows.numel() == 0:
-        return out + hidden.sum() * 0.0  # keeps the graph connected for an all-masked batch
+        out = out + hidden.sum() * 0.0  # keeps the graph connected for an all-masked batch
+        return (out, out.detach().clone()) if with_raw else out
     # The token at response position j is predicted from the hidden state at p + j - 1.
     states = hidden[rows, p + cols - 1]
     targets = input_ids[rows, p + cols]
-    pieces = []
+    pieces, raw_pieces = [], []
     for start in range(0, states.shape[0], chunk_positions):
-        logits = head(states[start : start + chunk_positions]).float()
+        logits = logits_of(states[start : start + chunk_positions])
+        chunk_targets = targets[start : start + chunk_positions, None]
+        if with_raw:
+            raw_pieces.append(torch.log_softmax(logits, dim=-1).gather(-1, chunk_targets))
         if temperature != 1.0:
             logits = logits / temperature
-        pieces.append(torch.log_softmax(logits, dim=-1).gather(-1, targets[start : start + chunk_positions, None]))
-    values = torch.cat(pieces).squeeze(-1)
-    return out.index_put((rows, cols), values)
+        pieces.append(torch.log_softmax(logits, dim=-1).gather(-1, chunk_targets))
+    values = out.index_put((rows, cols), torch.cat(pieces).squeeze(-1))
+    if not with_raw:
+        return values
+    return values, torch.zeros_like(out).index_put((rows, cols), torch.cat(raw_pieces).squeeze(-1))

@@ -24,6 +24,7 @@ from ..rollout import RolloutSettings, run_episode
 from ..types import SamplingParams
 from ..utils.refs import resolve
 from .logprobs import response_logprobs
+from .optim import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def sft(
     if not usable or (usable_weights is not None and sum(usable_weights) <= 0):
         raise ValueError("no usable demonstration episodes")
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    optimizer = MasterWeightAdamW(model.parameters(), lr=lr)  # fp32 masters for bf16/fp16 weights
     warmup = max(1, steps // 20)
 
     def schedule(step: int) -> float:  # linear warm-up, cosine decay to 10%
@@ -97,7 +98,7 @@ def sft(
         progress = (step - warmup) / max(1, steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, schedule)
     device = next(model.parameters()).device
     losses: list[float] = []
     model.train()
@@ -112,8 +113,8 @@ def sft(
         loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-        optimizer.step()
+        if math.isfinite(optimizer.clip_grad_norm_(1.0)):
+            optimizer.step()
         scheduler.step()
         losses.append(float(loss.detach()))
     model.eval()

@@ -3,9 +3,13 @@
 Rollouts run through the same :func:`~agentboost.rollout.run_episode` as everywhere else, with the
 in-process backend sharing the *live* policy weights (every rollout comes from the current policy).
 Episodes become a batch through :func:`agentboost.batch.episodes_to_batch`, the conversion the
-rLLM/veRL path uses too. Then GRPO: group-normalised advantages, clipped policy-gradient loss over
-the loss-masked response tokens (token-mean), optional KL to a frozen reference, gradient clipping.
-Checkpoints every ``save_every`` steps; ``resume=True`` continues from the last one.
+rLLM/veRL path uses too. Then GRPO as veRL computes it (:mod:`agentboost.train.grpo`): group-normalised
+advantages, dual-clipped policy-gradient loss over the loss-masked response tokens (token-mean) with
+log-probs at the sampling temperature, optional KL to a frozen reference (the policy as GRPO starts,
+i.e. after any warm start), gradient clipping; a step with a non-finite gradient norm is skipped and
+counted. Low-precision (bf16/fp16) weights are trained through fp32 master copies. Checkpoints every
+``save_every`` steps (model, optimizer with its masters, KL reference); ``resume=True`` continues from
+the last one.
 
 Multi-GPU and multi-node training is rLLM/veRL's job; this trainer is for a laptop, a single GPU,
 debugging an environment and reward on a small model before a large run, and the quickstart.
@@ -35,8 +39,9 @@ from ..rollout import RolloutSettings, run_episode
 from ..types import Budget, SamplingParams
 from ..utils.refs import resolve
 from .grpo import group_advantages, policy_loss
-from .logprobs import response_logprobs
+from .logprobs import output_logits_fn, response_logprobs
 from .metrics import MetricsLogger
+from .optim import MasterWeightAdamW
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +57,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     clip_low: float = 0.2
     clip_high: float = 0.28
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (veRL's default)."""
     kl_coef: float = 0.0
     ppo_epochs: int = 1
     minibatches: int = 1
@@ -67,6 +74,15 @@ class TrainConfig:
     logprob_gap_alarm: float | None = 0.5
     """Stop when the mean |rollout - trainer| logprob gap on loss tokens exceeds this (stale rollouts)."""
     wandb_project: str | None = "agentboost"
+
+    def __post_init__(self) -> None:
+        if self.sampling.temperature <= 0:
+            raise ValueError(
+                "training rollouts need a sampling temperature > 0: greedy samples of a prompt are all alike "
+                "(no GRPO signal), and the loss's log-probs are taken at the sampling temperature"
+            )
+        if self.clip_ratio_c <= 1.0:
+            raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,13 +139,11 @@ class GRPOTrainer:
             max_batch_size=max(concurrency, len(self.eval_rows), 1),
             pad_token_id=self.pad_token_id,
         )
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
-        self.reference = None
-        if self.config.kl_coef > 0:
-            self.reference = copy.deepcopy(model).eval()
-            for p in self.reference.parameters():
-                p.requires_grad_(False)
+        output_logits_fn(model)  # refuse a model whose output head the loss would not reproduce, now
+        self.optimizer = MasterWeightAdamW(model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.reference: Any = None
+        """Frozen copy of the policy as GRPO starts (KL target); made by :meth:`fit`, restored on resume."""
+        self._reference_state: dict[str, Any] | None = None
         self.run_dir = Path(self.config.run_dir)
         self.step = 0
         self.history: list[dict[str, Any]] = []
@@ -182,12 +196,18 @@ class GRPOTrainer:
         batch = episodes_to_batch(episodes, pad_token_id=self.pad_token_id)
         advantages = group_advantages(batch.rewards, batch.group_ids, batch.masked, normalize_std=cfg.normalize_adv_std)
         mask = batch.response_mask.to(self.device)
+        temperature = cfg.sampling.temperature  # the distribution the rollouts were sampled from
+        if cfg.kl_coef > 0 and self.reference is None:
+            self.ensure_reference()
         with torch.no_grad():
             self.model.eval()
-            old = response_logprobs(self.model, batch)
-            ref = response_logprobs(self.reference, batch) if self.reference is not None else None
+            old, old_raw = response_logprobs(self.model, batch, temperature=temperature, with_raw=True)
+            ref = None
+            if self.reference is not None and cfg.kl_coef > 0:
+                ref = response_logprobs(self.reference, batch, temperature=temperature)
         n_loss = float(mask.sum())
-        gap = ((old - batch.rollout_log_probs.to(self.device)).abs() * mask).sum() / max(n_loss, 1.0)
+        # Backends report temperature-1 log-probs (vLLM's default): compare like with like.
+        gap = ((old_raw - batch.rollout_log_probs.to(self.device)).abs() * mask).sum() / max(n_loss, 1.0)
         metrics: dict[str, float] = {"logprob_gap": float(gap), "loss_tokens": n_loss}
         if cfg.logprob_gap_alarm is not None and float(gap) > cfg.logprob_gap_alarm:
             raise StaleRolloutError(
@@ -204,31 +224,50 @@ class GRPOTrainer:
         self.model.train()
         rows = list(range(len(batch)))
         sums: Counter[str] = Counter()
-        updates = 0
+        updates = skipped = 0
         for _ in range(cfg.ppo_epochs):
             self._rng.shuffle(rows)
             size = math.ceil(len(rows) / cfg.minibatches)
             for start in range(0, len(rows), size):
                 idx = rows[start : start + size]
                 sub = _select(batch, idx)
-                new = response_logprobs(self.model, sub)
+                new = response_logprobs(self.model, sub, temperature=temperature)
                 loss, parts = policy_loss(
                     new, old[idx], advantages[idx].to(self.device), mask[idx],
-                    clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
                     ref_logprobs=None if ref is None else ref[idx], kl_coef=cfg.kl_coef,
                 )  # fmt: skip
                 self.optimizer.zero_grad(set_to_none=True)
                 with self.backend.lock:
                     loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(
-                        [p for p in self.model.parameters() if p.requires_grad], cfg.grad_clip
-                    )
-                    self.optimizer.step()
-                parts["grad_norm"] = float(grad_norm)
-                sums.update(parts)
-                updates += 1
-        metrics.update({k: v / updates for k, v in sums.items()})
+                    grad_norm = self.optimizer.clip_grad_norm_(cfg.grad_clip)
+                    if math.isfinite(grad_norm):
+                        self.optimizer.step()
+                    else:  # one bad minibatch must not write inf/nan into the weights (veRL skips too)
+                        self.optimizer.zero_grad(set_to_none=True)
+                        skipped += 1
+                        logger.warning("step %d: gradient norm %s, minibatch update skipped", self.step + 1, grad_norm)
+                if math.isfinite(grad_norm):
+                    parts["grad_norm"] = grad_norm
+                    sums.update(parts)
+                    updates += 1
+        metrics.update({k: v / updates for k, v in sums.items()} if updates else {})
+        metrics["nonfinite_grad_skips"] = float(skipped)
         return metrics
+
+    # -- KL reference -------------------------------------------------------------------------------
+    def ensure_reference(self) -> Any:
+        """The frozen KL reference: the policy as it stands when GRPO starts (after any warm start), or
+        the one saved with the checkpoint being resumed."""
+        if self.reference is None:
+            reference = copy.deepcopy(self.model).eval()
+            for p in reference.parameters():
+                p.requires_grad_(False)
+            if self._reference_state is not None:
+                reference.load_state_dict(self._reference_state, strict=False)
+                self._reference_state = None
+            self.reference = reference
+        return self.reference
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, rows: list[dict[str, Any]] | None = None, *, tag: str = "eval") -> dict[str, float]:
@@ -246,6 +285,8 @@ class GRPOTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             self.load_checkpoint()
+        if cfg.kl_coef > 0:
+            self.ensure_reference()
         log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict())
         try:
             bar = tqdm(total=cfg.steps, initial=self.step, desc="GRPO", unit="step", disable=not progress)
@@ -281,6 +322,10 @@ class GRPOTrainer:
         tmp.mkdir(parents=True, exist_ok=True)
         torch.save(self.model.state_dict(), tmp / "model_state.pt")
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if self.reference is not None:  # only what can differ from the policy's frozen weights
+            trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in self.reference.state_dict().items() if k in trainable}
+            torch.save(state, tmp / "reference_state.pt")
         state = {
             "step": self.step,
             "history": self.history,
@@ -305,7 +350,13 @@ class GRPOTrainer:
             return False
         self.model.load_state_dict(torch.load(path / "model_state.pt", map_location=self.device))
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
+        self.reference = None
+        self._reference_state = None
+        if (path / "reference_state.pt").is_file():
+            self._reference_state = torch.load(path / "reference_state.pt", map_location=self.device)
         state = json.loads((path / "trainer_state.json").read_text())
+        if self._reference_state is None and self.config.kl_coef > 0 and int(state["step"]) > 0:
+            logger.warning("%s has no KL reference (saved with kl_coef=0): the resumed policy becomes it", path)
         self.step = int(state["step"])
         self.history = list(state["history"])
         self._order, self._cursor = list(state["order"]), int(state["cursor"])
