@@ -1,5 +1,5 @@
 """Isolated execution of untrusted code (see :mod:`agentboost.sandbox.sandbox`)."""
 
-from .sandbox import Sandbox, SandboxConfig, SandboxResult
+from .sandbox import Sandbox, SandboxConfig, SandboxResult, SandboxUnavailable
 
-__all__ = ["Sandbox", "SandboxConfig", "SandboxResult"]
+__all__ = ["Sandbox", "SandboxConfig", "SandboxResult", "SandboxUnavailable"]

@@ -1,25 +1,32 @@
-"""Sandbox launcher: runs as ``python -I -S _launcher.py <hex(marshal(config))>`` in a fresh session.
+"""Sandbox launcher: runs as ``python -I -S -c <import this module; main()> <hex(marshal(config))>`` in a
+fresh session (imported, not run as a script, so its bytecode is cached).
 
 Stdlib only and cheap to start (``marshal``, not ``json``: importing ``json`` alone costs more than the
-rest of the launcher). It runs before anything untrusted and must not import agentboost. In order:
+rest of the launcher). It runs before anything untrusted and must not import agentboost. All setup is in
+:func:`prepare`, which also works in a freshly forked child (a pre-forked zygote). In order:
 
-1. new network namespace (no interfaces but a down loopback) when ``net`` is requested;
-2. new mount namespace with private tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` when ``mount``,
-   and an empty read-only tmpfs over each ``hidden`` host directory;
-3. new PID namespace when ``pid``: the launcher forks; the child is PID 1 of the namespace, mounts a
-   private ``/proc`` and forks the program as PID 2 (PID 1 ignores default-action signals such as
-   the CPU limit's SIGXCPU, so the program must not be PID 1). When PID 1 exits, the kernel kills
-   everything left in the namespace. Exit statuses are passed up unchanged;
-4. resource limits (CPU seconds, address space, file size, open files, processes, no core dumps);
-5. drop to an unprivileged uid/gid (``uid``) and ``no_new_privs``;
+1. new network, mount and PID namespaces, in one ``unshare``: directly as root, else inside a new user
+   namespace (unprivileged user namespaces), where this uid is mapped to itself;
+2. PID namespace: the launcher forks; the child is PID 1 of the namespace (when it exits, the kernel
+   kills everything left in it). Exit statuses are passed up unchanged;
+3. mount namespace, deny-by-default (``fs``): an empty tmpfs becomes the root (``pivot_root``); into it
+   go the plan's read-only binds (interpreter, standard library, shared libraries; see
+   :mod:`agentboost.sandbox.rootfs`), ``/dev/{null,zero,full,random,urandom}``, a private ``/tmp`` and
+   ``/dev/shm``, a private ``/proc`` (with the PID namespace) and the working directory (read-write);
+   then the root is made read-only. A read-only bind remount keeps the source's nosuid/nodev/noexec
+   (read with ``statvfs``): inside a user namespace the kernel refuses to clear those locked flags.
+   Without ``fs``, or if building it fails: the host's tree with private tmpfs over ``/tmp``,
+   ``/var/tmp``, ``/dev/shm`` and an empty read-only tmpfs over each ``hidden`` directory (deny-list);
+4. PID namespace: PID 1 forks the program as PID 2 (PID 1 ignores default-action signals such as the
+   CPU limit's SIGXCPU, so the program must not be PID 1);
+5. resource limits (CPU seconds, address space, file size, open files, processes, no core dumps);
+6. as root: drop to the run's own uid/gid (``uid``); always ``no_new_privs``;
+7. ``exec`` the interpreter on the program in the working directory (:func:`main`).
 
 Every process of the chain asks the kernel to SIGKILL it when its parent dies (``PDEATHSIG``), so
-killing the worker that started a sandbox takes the whole sandbox down with it.
-6. ``exec`` the target interpreter on the program in the working directory.
-
-Namespaces and the uid switch need root (or unprivileged user namespaces, tried as a fallback for
-``net``/``pid``); each failure is reported on stderr with the marker below and the run continues
-with what could be set up, so the caller can report which isolation is active.
+killing the worker that started a sandbox takes the whole sandbox down with it. Each layer that cannot
+be set up is reported on stderr with the marker below and the run continues with what could be set up,
+so the caller can report which isolation is active.
 """
 
 import ctypes
@@ -33,27 +40,41 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
+MNT_DETACH = 2
+EINVAL = 22
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
-SIGKILL = 9
+SIGINT, SIGKILL = 2, 9
+SIG_DFL, SIG_IGN = 0, 1
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"))  # fmt: skip
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217}
+NAMESPACES = ((CLONE_NEWNET, "net"), (CLONE_NEWNS, "mount"), (CLONE_NEWPID, "pid"))
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.signal.argtypes, _libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
 
 
 def _note(what):
     sys.stderr.write(f"{MARK} {what}\n")
 
 
+def _check(result, what):
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
 def _unshare(flags):
-    if _libc.unshare(flags) != 0:
-        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    _check(_libc.unshare(flags), "unshare")
 
 
 def _mount(source, target, fstype, flags, data):
     enc = [None if x is None else x.encode() for x in (source, target, fstype, data)]
-    if _libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
-        raise OSError(ctypes.get_errno(), f"mount {target}: {os.strerror(ctypes.get_errno())}")
+    _check(_libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {target}")
 
 
 def _write(path, text):
@@ -62,11 +83,45 @@ def _write(path, text):
 
 
 def _user_namespace(flags):
-    uid, gid = os.getuid(), os.getgid()
+    uid, gid = os.geteuid(), os.getegid()
     _unshare(CLONE_NEWUSER | flags)
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def _enter_namespaces(cfg, root):
+    """Unshare the requested namespaces; returns the CLONE_ flags obtained and notes the others."""
+    wanted = 0
+    for flag, name in NAMESPACES:
+        if cfg.get(name):
+            wanted |= flag
+    if not wanted:
+        return 0
+    attempts = [_unshare, _user_namespace] if root else [_user_namespace]
+    for attempt in attempts:
+        try:
+            attempt(wanted)
+            return wanted
+        except OSError:
+            continue
+    got, privileged = 0, root  # one at a time: keep whatever the kernel allows
+    for flag, name in NAMESPACES:
+        if not wanted & flag:
+            continue
+        try:
+            _unshare(flag) if privileged else _user_namespace(flag)
+            got, privileged = got | flag, True
+        except OSError as exc:
+            if root:
+                try:
+                    _user_namespace(flag)
+                    got, privileged = got | flag, True
+                    continue
+                except OSError:
+                    pass
+            _note(f"no-{name}-namespace {exc}")
+    return got
 
 
 def _wait_and_exit(child):
@@ -80,58 +135,143 @@ def _die_with_parent():
     _libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
 
 
-def main():
-    cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
-    root = os.geteuid() == 0
-    _die_with_parent()
-    if cfg.get("net"):
+def _bind(source, target, is_dir, flags):
+    """Bind ``source`` at ``target`` and remount it with ``flags`` plus the source's locked flags."""
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, 0o755)
+    if is_dir:
+        if not os.path.isdir(target):
+            os.mkdir(target, 0o755)
+    elif not os.path.lexists(target):
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    try:
+        _mount(source, target, None, MS_BIND, None)
+    except OSError as exc:
+        if exc.errno != EINVAL:  # EINVAL: locked mounts below it (user namespace); take them along
+            raise
+        _mount(source, target, None, MS_BIND | MS_REC, None)
+    locked = os.statvfs(source).f_flag
+    for st_flag, ms_flag in ((os.ST_RDONLY, MS_RDONLY), (os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV),
+                             (os.ST_NOEXEC, MS_NOEXEC)):  # fmt: skip
+        if locked & st_flag:
+            flags |= ms_flag
+    _mount(None, target, None, MS_BIND | MS_REMOUNT | flags, None)
+
+
+def _tmpfs(target, options, flags=MS_NOSUID | MS_NODEV | MS_NOEXEC):
+    if not os.path.isdir(target):
+        os.makedirs(target, 0o755)
+    _mount("tmpfs", target, "tmpfs", flags, options)
+
+
+def _pivot(new_root):
+    """Make ``new_root`` the root and drop the host's tree from this mount namespace."""
+    os.chdir(new_root)
+    number = PIVOT_ROOT.get(os.uname().machine)
+    if number is not None and _libc.syscall(ctypes.c_long(number), b".", b".") == 0:
+        _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    else:  # unknown architecture, or the current root is not a mount point: move + chroot
+        _mount(new_root, "/", None, MS_MOVE, None)
+        os.chroot(".")
+    os.chdir("/")
+
+
+def _fresh_root(fs, workdir, proc):
+    """Build the deny-by-default root (see the module doc, step 3) and switch into it."""
+    stage = fs["stage"]
+    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
+    _tmpfs(stage + "/tmp", f"size={fs['tmp_mb']}m,mode=1777")
+    for op in fs["ops"]:
+        kind, path = op[0], op[1]
+        if kind == "link":
+            parent = os.path.dirname(stage + path)
+            if not os.path.isdir(parent):
+                os.makedirs(parent, 0o755)
+            os.symlink(op[2], stage + path)
+        elif kind == "ro":
+            _bind(path, stage + path, op[2], MS_RDONLY | MS_NOSUID | MS_NODEV)
+        elif kind == "hide":
+            _mount("tmpfs", stage + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
+    for name in DEVICES:
+        _bind("/dev/" + name, stage + "/dev/" + name, False, MS_NOSUID | MS_NOEXEC)
+    for name, target in DEV_LINKS:
+        os.symlink(target, stage + "/dev/" + name)
+    _tmpfs(stage + "/dev/shm", f"size={fs['tmp_mb']}m,mode=1777")
+    _bind(workdir, stage + workdir, True, MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if proc:
         try:
-            _unshare(CLONE_NEWNET) if root else _user_namespace(CLONE_NEWNET)
+            os.mkdir(stage + "/proc", 0o555)
+            _mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         except OSError as exc:
-            _note(f"no-net-namespace {exc}")
-    if cfg.get("mount") and root:
+            _note(f"no-private-proc {exc}")
+    _pivot(stage)
+    try:
+        _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+    except OSError as exc:
+        _note(f"no-read-only-root {exc}")
+
+
+def _deny_list(cfg, proc):
+    """The host's tree with private temporary directories and the ``hidden`` directories covered."""
+    for target in cfg.get("private_dirs", []):
+        if os.path.isdir(target):
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg.get('tmp_mb', 64)}m,mode=1777")
+    for target in cfg.get("hidden", []):
         try:
-            _unshare(CLONE_NEWNS)
+            if os.path.isdir(target):
+                _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
+        except OSError as exc:
+            _note(f"no-hide {exc}")
+    if proc:
+        try:
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        except OSError as exc:
+            _note(f"no-private-proc {exc}")
+
+
+def prepare(cfg):
+    """Set up every layer; returns in the program's process, ready to ``exec`` (see :func:`main`).
+    Works in a process started for the purpose or freshly forked: it relies on no launcher state."""
+    root = os.geteuid() == 0
+    os.umask(0o022)
+    _die_with_parent()
+    got = _enter_namespaces(cfg, root)
+    _die_with_parent()  # again: changing credentials (a user namespace) may clear it
+    if got & CLONE_NEWPID:
+        child = os.fork()
+        if child:
+            _wait_and_exit(child)
+        _die_with_parent()
+    if got & CLONE_NEWNS:
+        try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-            for target in cfg.get("private_dirs", []):
-                if os.path.isdir(target):
-                    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg.get('tmpfs_mb', 64)}m,mode=1777")
         except OSError as exc:
             _note(f"no-mount-namespace {exc}")
         else:
-            for target in cfg.get("hidden", []):
+            built = False
+            if cfg.get("fs"):
                 try:
-                    if os.path.isdir(target):
-                        _mount(
-                            "tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555"
-                        )
+                    _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID))
+                    built = True
                 except OSError as exc:
-                    _note(f"no-hide {exc}")
-    if cfg.get("pid"):
-        try:
-            _unshare(CLONE_NEWPID) if root else _user_namespace(CLONE_NEWPID)
-        except OSError as exc:
-            _note(f"no-pid-namespace {exc}")
-        else:
-            child = os.fork()
-            if child:
-                _wait_and_exit(child)
-            _die_with_parent()
-            if cfg.get("mount") and root:
-                try:
-                    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-                except OSError as exc:
-                    _note(f"no-private-proc {exc}")
-            program = os.fork()  # PID 1 stays a root reaper the program cannot signal
-            if program:
-                _wait_and_exit(program)
+                    _note(f"no-fresh-root {exc}")
+            if not built:
+                _deny_list(cfg, bool(got & CLONE_NEWPID))
+    if got & CLONE_NEWPID:
+        # PID 1 stays a reaper the program cannot stop: from inside, the kernel drops every signal PID 1
+        # has no handler for, and Python's one handler (SIGINT) is ignored; the program gets it back.
+        _libc.signal(SIGINT, SIG_IGN)  # (not the signal module: importing it costs milliseconds)
+        program = os.fork()
+        if program:
+            _wait_and_exit(program)
+        _libc.signal(SIGINT, SIG_DFL)
+        _die_with_parent()
 
-    limits = cfg.get("rlimits", {})
-    for name, value in limits.items():
-        which = getattr(resource, name)
+    for name, value in cfg.get("rlimits", {}).items():
         soft, hard = (value, value) if not isinstance(value, list) else value
         try:
-            resource.setrlimit(which, (soft, hard))
+            resource.setrlimit(getattr(resource, name), (soft, hard))
         except (ValueError, OSError) as exc:
             _note(f"no-{name} {exc}")
 
@@ -147,6 +287,11 @@ def main():
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(cfg["workdir"])
+
+
+def main():
+    cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
+    prepare(cfg)
     argv = cfg["argv"]
     os.execve(argv[0], argv, cfg["env"])
 

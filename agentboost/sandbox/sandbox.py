@@ -2,19 +2,24 @@
 
 Every execution gets:
 
-* a separate session / process group, killed as a whole (plus every process of its uid) at the end;
+* a separate session / process group, killed as a whole at the end;
 * a scrubbed environment (no tokens, keys, cloud credentials: only PATH, HOME, LANG, TMPDIR);
 * a private working directory (mode 0700) that is removed afterwards;
 * rlimits: CPU seconds, address space, file size, open files, processes, no core dumps;
 * a wall-clock timeout, and caps on the stdout/stderr kept;
-* when the OS allows it (root, or unprivileged user namespaces): its own unprivileged uid (one per
-  concurrent slot, so sandboxes cannot signal each other or the host), a new network namespace (no
-  network), a new mount namespace with private ``/tmp`` ``/var/tmp`` ``/dev/shm``, and a new PID
-  namespace with a private ``/proc`` (it cannot see or kill its parent; when it exits, everything it
-  spawned dies).
+* where the kernel allows namespaces (as root, or as any user with unprivileged user namespaces): a new
+  network namespace (no network), a new PID namespace with a private ``/proc`` (it cannot see or
+  signal anything outside; when it exits, everything it spawned dies), and a new mount namespace whose
+  root is built from nothing (deny-by-default, :mod:`agentboost.sandbox.rootfs`): its working directory
+  (read-write), the interpreter, standard library and shared libraries (read-only), a minimal ``/dev``
+  and a private ``/tmp``; no other host file (datasets with gold answers, caches, home);
+* as root only: its own uid, leased host-wide for the run (:mod:`agentboost.sandbox.uids`), so runs
+  cannot signal each other and cleanup by uid only ever kills the run's own processes. As non-root the
+  program keeps this process's uid; the PID namespace is what stops it signalling other processes.
 
-Which layers are active on this machine is probed once (:meth:`Sandbox.isolation`) and logged at
-first use; a layer that cannot be set up is reported, never silently assumed.
+Which layers are active on this machine is probed once with a real execution (:meth:`Sandbox.isolation`)
+and logged: WARNING naming every missing layer and what it means, INFO when all are active. A layer that
+cannot be set up is reported, never silently assumed.
 """
 
 from __future__ import annotations
@@ -38,13 +43,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .rootfs import RootPlan, RootPlanError, plan_for
+from .uids import UidLease, kill_uid, lock_dir, try_lease
+
 logger = logging.getLogger(__name__)
 
 LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
+_BOOT = f"import sys; sys.path.append({str(Path(__file__).parent)!r}); import _launcher; _launcher.main()"
+"""Runs the launcher as a module, not a script: its bytecode is cached (a script is compiled on every run)."""
 _MARK = "agentboost-sandbox:"
 _SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 _SYSTEM_DIRS = frozenset({"/", "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/var", "/tmp", "/run",
                           "/opt", "/srv", "/home", "/boot", "/mnt", "/media", "/proc", "/sys", "/dev"})  # fmt: skip
+LAYERS: dict[str, str] = {
+    "rlimits": "no CPU, memory, file-size or process limits: a runaway program can exhaust the host",
+    "unprivileged_uid": "the program runs as this process's uid (only root can give it a uid of its own): "
+    "it can write what this uid can write wherever it can see it; the PID namespace is what stops it "
+    "signalling other processes",
+    "network_namespace": "the program has this host's network (it can reach local services and the internet)",
+    "mount_namespace": "the program sees this host's whole filesystem: datasets with gold answers, caches and "
+    "home directories are readable wherever file permissions allow",
+    "deny_by_default_fs": "the program sees this host's filesystem minus the hidden paths: a dataset anywhere "
+    "else (--data, --cache-dir) is readable",
+    "private_tmp": "the program shares this host's /tmp",
+    "pid_namespace": "the program can see host processes and signal those of its uid; processes it leaves "
+    "behind are killed only through its process group (or its uid, as root)",
+    "private_proc": "the program has no private /proc: it sees host processes there, or has no /proc at all",
+}
+"""Every isolation layer :meth:`Sandbox.isolation` reports as True/False, and what its absence means."""
+NOT_PROVIDED: dict[str, str] = {"seccomp": "no system-call filter: the whole kernel interface is reachable"}
+"""Layers this sandbox never provides (reported False, named in the log, not a machine defect)."""
+
+_logged: set[tuple[Any, ...]] = set()
+_logged_lock = threading.Lock()
+
+
+class SandboxUnavailable(RuntimeError):
+    """No run identity could be had (every sandbox uid of the host-wide range is held by live runs)."""
 
 
 def _rllm_data_dirs() -> list[str]:
@@ -75,25 +110,38 @@ class SandboxConfig:
     stderr_cap: int = 16 * 1024
     isolate_network: bool = True
     private_tmp: bool = True
+    """New mount namespace (private ``/tmp``, deny-by-default root or hidden paths); False: none."""
     pid_namespace: bool = True
     drop_privileges: bool = True
     uid_base: int = 62000
+    uid_count: int = 1000
+    """As root, each running program gets a uid of ``uid_base .. uid_base + uid_count - 1`` no other live
+    run on the host holds (leased with a lock file, so worker processes never share one)."""
+    uid_wait_s: float = 60.0
+    """How long a run waits for a free uid before :class:`SandboxUnavailable`."""
     slots: int = 16
-    """Concurrent executions (each gets its own uid when privileges can be dropped)."""
+    """Concurrent executions of this Sandbox."""
     python: str | None = None
-    """Interpreter for the program (default: this one if the sandbox uid can run it, else /usr/bin/python3)."""
+    """Interpreter for the program (default: this one, or a system one when this one lives in a hidden path)."""
     site_packages: bool = False
-    """Let the program import installed packages (default: standard library only)."""
+    """Let the program import the interpreter's installed packages (default: standard library only)."""
     root: str | None = None
-    """Where working directories are created (default: /run/agentboost-sandbox as root, else the temp dir)."""
+    """Where working directories are created (default: /run/agentboost-sandbox as root, else a directory
+    of this uid in the temp dir)."""
+    deny_by_default: bool = True
+    """Build the program's root from nothing (workdir, interpreter, libraries, minimal /dev, private /tmp
+    and /proc). False, or where it cannot be built: the host's tree with ``hidden_paths`` covered."""
+    tmp_mb: int = 64
+    """Size of the private ``/tmp`` (and ``/dev/shm``)."""
     hidden_paths: tuple[str, ...] | None = None
-    """Host directories the program must not read (prepared datasets hold gold answers): each is covered
-    by an empty read-only tmpfs in the program's mount namespace. Default: this process's working
-    directory, its home directory (datasets, caches) and rLLM's dataset registry directory. Never
-    hidden: ``/``, system directories, and a directory holding the interpreter or the sandbox root
-    (a stdlib-only sandbox prefers a system interpreter outside them). Needs the mount namespace;
-    ``isolation()["hidden_paths"]`` lists those the program cannot see into (covered, absent inside,
-    e.g. under the private ``/tmp``, or unreadable)."""
+    """Host directories the program must not read (prepared datasets hold gold answers). Default: this
+    process's working directory, its home directory (datasets, caches) and rLLM's dataset registry
+    directory. With the deny-by-default root they are absent anyway; those inside a bound tree (rLLM's
+    registry inside site-packages) are covered by an empty read-only tmpfs. Without it (deny-list), each
+    is covered that way; never covered there: ``/``, system directories, a directory holding the
+    interpreter or the sandbox root (a stdlib-only sandbox prefers a system interpreter outside them).
+    ``isolation()["hidden_paths"]`` lists those the program cannot see into, ``["exposed_paths"]`` the
+    others."""
 
 
 @dataclass
@@ -110,6 +158,8 @@ class SandboxResult:
     stderr_truncated: bool = False
     wall_s: float = 0.0
     isolation_notes: list[str] = field(default_factory=list)
+    uid: int | None = None
+    """The uid the program ran as when it had its own (root), else None."""
 
     @property
     def ok(self) -> bool:
@@ -128,26 +178,47 @@ class Sandbox:
         self._probe_lock = threading.Lock()
         self._isolation: dict[str, Any] | None = None
         self._python: str | None = None
-        root = self.config.root or ("/run/agentboost-sandbox" if self._is_root and os.path.isdir("/run") else None)
-        self._root = Path(root) if root else Path(tempfile.gettempdir()) / "agentboost-sandbox"
-        self._root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self._root, 0o711)
+        self._plan: RootPlan | None = None
+        self._root = self._make_root()
+        self._stage = self._root / ".stage"
+        self._stage.mkdir(mode=0o755, exist_ok=True)
+        self._lock_dir = lock_dir() if self._uses_uids else None
         self._hide = self._hide_candidates()
         self.executions = 0
 
+    @property
+    def _uses_uids(self) -> bool:
+        return self._is_root and self.config.drop_privileges
+
+    def _make_root(self) -> Path:
+        """The directory of working directories: private to this uid (traversable by sandbox uids as root)."""
+        if self.config.root:
+            root = Path(self.config.root)
+            root.mkdir(parents=True, exist_ok=True)
+        elif self._is_root and os.path.isdir("/run"):
+            root = Path("/run/agentboost-sandbox")
+            root.mkdir(exist_ok=True)
+        else:
+            root = Path(tempfile.gettempdir()) / f"agentboost-sandbox-{os.geteuid()}"
+            with contextlib.suppress(FileExistsError):
+                root.mkdir(mode=0o700)
+            info = os.lstat(root)
+            if not root.is_dir() or root.is_symlink() or info.st_uid != os.geteuid():
+                root = Path(tempfile.mkdtemp(prefix="agentboost-sandbox-"))  # someone else's: not ours to use
+        os.chmod(root, 0o711 if self._is_root else 0o700)
+        return root
+
     # -- public API ---------------------------------------------------------------------
     def isolation(self) -> dict[str, Any]:
-        """Which isolation layers are active (probed once with a real execution)."""
+        """Which isolation layers are active (probed once with a real execution): every layer of
+        :data:`LAYERS` and :data:`NOT_PROVIDED` as True/False, plus ``python``, ``namespaces``,
+        ``hidden_paths``, ``exposed_paths``, ``visible_paths`` (the host paths a deny-by-default root
+        shows, read-only; None without one) and ``notes``. Logged once per process."""
         if self._isolation is None:
             with self._probe_lock:
                 if self._isolation is None:
                     self._isolation = self._probe()
-                    active = [k for k, v in self._isolation.items() if v is True]
-                    inactive = [k for k, v in self._isolation.items() if v is False]
-                    logger.info(
-                        "sandbox isolation active: %s; NOT active: %s; interpreter %s",
-                        ", ".join(active) or "none", ", ".join(inactive) or "none", self._isolation["python"],
-                    )  # fmt: skip
+                    _log_isolation(self._isolation)
         return self._isolation
 
     async def run(
@@ -162,13 +233,19 @@ class Sandbox:
         """Run ``code`` as ``main.py`` with ``stdin``; never raises for anything the program does.
         ``stdout_cap``: keep this many bytes of stdout for this run (default ``config.stdout_cap``);
         ``kill_on_overflow``: kill the program as soon as its stdout goes past the cap (a judge needs
-        nothing more from it)."""
+        nothing more from it). Raises :class:`SandboxUnavailable` when no run uid frees up in time."""
         if self._isolation is None:
             await asyncio.to_thread(self.isolation)
         slot = await self._acquire()
         try:
-            return await self._run(code, stdin, timeout_s or self.config.wall_s, slot, self._python or sys.executable,
-                                   stdout_cap=stdout_cap, kill_on_overflow=kill_on_overflow)  # fmt: skip
+            lease = await self._lease(slot)
+            try:
+                return await self._run(code, stdin, timeout_s or self.config.wall_s, lease,
+                                       self._python or sys.executable, stdout_cap=stdout_cap,
+                                       kill_on_overflow=kill_on_overflow)  # fmt: skip
+            finally:
+                if lease is not None:
+                    lease.release()
         finally:
             self._release(slot)
 
@@ -214,13 +291,28 @@ class Sandbox:
         else:
             waiter.set_result(slot)
 
-    def _uid(self, slot: int) -> int | None:
-        return self.config.uid_base + slot if (self._is_root and self.config.drop_privileges) else None
+    # -- run identities ------------------------------------------------------------------
+    async def _lease(self, slot: int) -> UidLease | None:
+        """A uid no other live run on this host holds (root only); tried from ``uid_base + slot``."""
+        if self._lock_dir is None:
+            return None
+        c = self.config
+        deadline = time.monotonic() + c.uid_wait_s
+        while (lease := try_lease(self._lock_dir, c.uid_base, c.uid_count, slot)) is None:
+            if time.monotonic() > deadline:
+                raise SandboxUnavailable(f"all {c.uid_count} sandbox uids from {c.uid_base} held for {c.uid_wait_s}s")
+            await asyncio.sleep(0.05)
+        return lease
+
+    def _contained_by_pid_namespace(self) -> bool:
+        """Every process of a run lives in its PID namespace (dies with it): no sweep by uid needed."""
+        return bool(self._isolation and self._isolation.get("pid_namespace"))
 
     # -- execution ---------------------------------------------------------------------
-    def _launch_config(self, workdir: Path, slot: int, python: str) -> dict[str, Any]:
+    def _launch_config(self, workdir: Path, uid: int | None, python: str) -> dict[str, Any]:
         c = self.config
-        argv = [python, "-I", "-B"]
+        plan = self._plan if c.deny_by_default and c.private_tmp else None
+        argv = [plan.executable if plan else python, "-I", "-B"]
         if not c.site_packages:
             argv.append("-S")
         argv.append("main.py")
@@ -232,16 +324,19 @@ class Sandbox:
             "PYTHONIOENCODING": "utf-8",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        private_dirs = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not str(self._root).startswith(d)]
+        private_dirs = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not _inside(str(self._root), d)]
+        fs = {"stage": str(self._stage), "ops": list(plan.ops), "tmp_mb": c.tmp_mb} if plan else None
         return {
             "workdir": str(workdir),
             "argv": argv,
             "env": env,
-            "uid": self._uid(slot),
+            "uid": uid,
             "net": c.isolate_network,
             "mount": c.private_tmp,
             "pid": c.pid_namespace,
+            "fs": fs,
             "private_dirs": private_dirs,
+            "tmp_mb": c.tmp_mb,
             "hidden": self._hidden_for(python) if c.private_tmp else [],
             "rlimits": {
                 "RLIMIT_CPU": [c.cpu_s, c.cpu_s + 1],
@@ -253,11 +348,12 @@ class Sandbox:
             },
         }
 
-    def _make_workdir(self, slot: int, code: str) -> Path:
-        workdir = self._root / f"run-{slot}-{secrets.token_hex(6)}"
+    def _make_workdir(self, code: str, uid: int | None) -> Path:
+        if uid is not None and not self._contained_by_pid_namespace():
+            kill_uid(uid)  # strays of a holder of this uid that died (we hold the lease now)
+        workdir = self._root / f"run-{secrets.token_hex(8)}"
         workdir.mkdir(mode=0o700)
         (workdir / "main.py").write_text(code, encoding="utf-8")
-        uid = self._uid(slot)
         if uid is not None:
             for path in (workdir, workdir / "main.py"):
                 os.chown(path, uid, uid)
@@ -268,24 +364,25 @@ class Sandbox:
         code: str,
         stdin: str,
         timeout_s: float,
-        slot: int,
+        lease: UidLease | None,
         python: str,
         *,
         stdout_cap: int | None = None,
         kill_on_overflow: bool = False,
     ) -> SandboxResult:
         started = time.monotonic()
-        workdir = await asyncio.to_thread(self._make_workdir, slot, code)
-        config = self._launch_config(workdir, slot, python)
+        uid = lease.uid if lease is not None else None
+        workdir = await asyncio.to_thread(self._make_workdir, code, uid)
+        config = self._launch_config(workdir, uid, python)
         proc = None
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", LAUNCHER, marshal.dumps(config).hex(),
+                sys.executable, "-I", "-S", "-c", _BOOT, marshal.dumps(config).hex(),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env=config["env"], cwd=str(workdir), start_new_session=True,
             )  # fmt: skip
             pid = proc.pid
-            overflow = (lambda: self._kill(pid, slot)) if kill_on_overflow else None
+            overflow = (lambda: self._kill(pid, uid)) if kill_on_overflow else None
             out_task = asyncio.ensure_future(_read_capped(proc.stdout, stdout_cap or self.config.stdout_cap, overflow))
             err_task = asyncio.ensure_future(_read_capped(proc.stderr, self.config.stderr_cap))
             feed = asyncio.ensure_future(_feed(proc.stdin, stdin.encode("utf-8", errors="replace")))
@@ -294,7 +391,7 @@ class Sandbox:
                 await asyncio.wait_for(proc.wait(), timeout=timeout_s)
             except (TimeoutError, asyncio.TimeoutError):
                 timed_out = True
-            self._kill(proc.pid, slot)
+            self._kill(proc.pid, uid)
             if timed_out:
                 await proc.wait()
             (stdout, out_cut), (stderr, err_cut) = await asyncio.gather(out_task, err_task)
@@ -303,6 +400,8 @@ class Sandbox:
             # The launcher reports a program killed by signal N as exit status 128 + N.
             sig = -status if status is not None and status < 0 else (status - 128 if status and status > 128 else None)
             notes, stderr_text = _split_notes(stderr.decode("utf-8", errors="replace"))
+            if uid is not None and any(n.startswith("no-pid-namespace") for n in notes):
+                await asyncio.to_thread(kill_uid, uid)  # this run had no PID namespace to take its strays down
             self.executions += 1
             return SandboxResult(
                 stdout=stdout.decode("utf-8", errors="replace"),
@@ -314,20 +413,21 @@ class Sandbox:
                 stderr_truncated=err_cut,
                 wall_s=time.monotonic() - started,
                 isolation_notes=notes,
+                uid=uid,
             )
         finally:
             if proc is not None and proc.returncode is None:
-                self._kill(proc.pid, slot)
+                self._kill(proc.pid, uid)
                 with contextlib.suppress(ProcessLookupError):
                     await proc.wait()
             await asyncio.to_thread(shutil.rmtree, workdir, True)
 
-    def _kill(self, pgid: int, slot: int) -> None:
+    def _kill(self, pgid: int, uid: int | None) -> None:
+        """Kill the run's process group, and (own uid, no PID namespace) every process of its leased uid."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-        uid = self._uid(slot)
-        if uid is not None:
-            _kill_uid(uid)
+        if uid is not None and not self._contained_by_pid_namespace():
+            kill_uid(uid)
 
     # -- hidden host directories -------------------------------------------------------
     def _hide_candidates(self) -> list[str]:
@@ -344,7 +444,7 @@ class Sandbox:
         return list(dict.fromkeys(out))
 
     def _hidden_for(self, python: str) -> list[str]:
-        """The hidden directories that leave ``python`` (and its installation) reachable."""
+        """The hidden directories that leave ``python`` (and its installation) reachable (deny-list)."""
         keep = {os.path.abspath(python), os.path.realpath(python)}
         if os.path.realpath(python) == os.path.realpath(sys.executable):
             keep |= {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
@@ -352,48 +452,133 @@ class Sandbox:
 
     # -- probe -------------------------------------------------------------------------
     def _probe(self) -> dict[str, Any]:
-        if self.config.python:
-            candidates = [self.config.python]
-        elif not self.config.site_packages and len(self._hidden_for(sys.executable)) < len(self._hide):
+        c = self.config
+        if c.python:
+            candidates = [c.python]
+        elif not c.site_packages and len(self._hidden_for(sys.executable)) < len(self._hide):
             candidates = [*_SYSTEM_PYTHONS, sys.executable]  # this interpreter lives in a directory to hide
         else:
             candidates = [sys.executable, *_SYSTEM_PYTHONS]
         last_error = ""
-        for python in dict.fromkeys(c for c in candidates if c and os.path.exists(c)):
-            probe = (
-                "import os, socket, sys\n"
-                "r = {'uid': os.getuid(), 'pid': os.getpid(), 'ppid': os.getppid()}\n"
-                "s = socket.socket(); s.settimeout(0.5)\n"
-                "try:\n    s.connect(('127.0.0.1', 9)); r['net'] = 'open'\n"
-                "except OSError as e:\n    r['net'] = e.errno\n"
-                "r['tmp_entries'] = len(os.listdir('/tmp'))\n"
-                "def _unseen(p):\n"
-                "    try:\n        return not os.listdir(p)\n"
-                "    except OSError:\n        return True\n"
-                f"r['hidden'] = [p for p in {self._hidden_for(python)!r} if _unseen(p)]\n"
-                "print(__import__('json').dumps(r))\n"
-            )
-            result = asyncio.run(self._run(probe, "", 20.0, 0, python))
-            if result.exit_code == 0:
-                self._python = python
-                data = json.loads(result.stdout.strip().splitlines()[-1])
-                notes = " ".join(result.isolation_notes)
-                return {
-                    "python": python,
-                    "separate_process_group": True,
-                    "scrubbed_environment": True,
-                    "private_workdir": True,
-                    "rlimits": "no-RLIMIT" not in notes,
-                    "unprivileged_uid": self._uid(0) is not None and data["uid"] == self._uid(0),
-                    "network_namespace": self.config.isolate_network and "no-net-namespace" not in notes,
-                    "private_tmp": self.config.private_tmp and self._is_root and "no-mount-namespace" not in notes,
-                    "pid_namespace": self.config.pid_namespace and data["pid"] == 2,
-                    "hidden_paths": data["hidden"],
-                    "seccomp": False,
-                    "notes": result.isolation_notes,
-                }
-            last_error = f"{python}: exit {result.exit_code}: {result.stderr[-300:]}"
+        canary = self._root / f".canary-{secrets.token_hex(6)}"
+        marker = Path("/tmp") / f"agentboost-sandbox-probe-{secrets.token_hex(6)}"
+        canary.write_text("host file")
+        canary.chmod(0o644)
+        with contextlib.suppress(OSError):
+            marker.write_text("host /tmp")
+        try:
+            for python in dict.fromkeys(x for x in candidates if x and os.path.exists(x)):
+                plan_notes: list[str] = []
+                self._plan = None
+                if c.deny_by_default and c.private_tmp:
+                    try:
+                        self._plan = plan_for(python, site_packages=c.site_packages, hidden=self._hide)
+                    except RootPlanError as exc:
+                        plan_notes.append(f"no-fresh-root {exc}")
+                result = asyncio.run(self._probe_run(python, canary, marker))
+                if result.exit_code == 0:
+                    self._python = python
+                    return self._layers(python, result, plan_notes)
+                last_error = f"{python}: exit {result.exit_code}: {result.stderr[-300:]}"
+        finally:
+            canary.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                marker.unlink()
         raise RuntimeError(f"no interpreter can run inside the sandbox ({last_error})")
+
+    async def _probe_run(self, python: str, canary: Path, marker: Path) -> SandboxResult:
+        allowed: dict[str, list[str]] = {}  # what a hidden directory may show: the way to the interpreter
+        visible = self._plan.visible if self._plan else ()
+        for hidden in self._hide:
+            allowed[hidden] = sorted({v[len(hidden) :].strip("/").split("/")[0] for v in visible if _inside(v, hidden)})
+        probe = (
+            "import json, os, socket\n"
+            "r = {'uid': os.getuid(), 'pid': os.getpid()}\n"
+            "try:\n    r['ifaces'] = sorted(n for _, n in socket.if_nameindex())\n"
+            "except OSError:\n    r['ifaces'] = None\n"
+            "def readable(p):\n"
+            "    try:\n        open(p, 'rb').close(); return True\n"
+            "    except OSError:\n        return False\n"
+            f"r['canary'] = readable({str(canary)!r})\n"
+            f"r['tmp_marker'] = os.path.exists({str(marker)!r})\n"
+            "try:\n    open('/tmp/probe', 'w').close(); os.unlink('/tmp/probe'); r['tmp_writable'] = True\n"
+            "except OSError:\n    r['tmp_writable'] = False\n"
+            "try:\n    r['proc'] = sorted(d for d in os.listdir('/proc') if d.isdigit())\n"
+            "except OSError:\n    r['proc'] = None\n"
+            "def unseen(p, allowed):\n"
+            "    try:\n        return set(os.listdir(p)) <= set(allowed)\n"
+            "    except OSError:\n        return True\n"
+            f"r['hidden'] = [p for p, a in {allowed!r}.items() if unseen(p, a)]\n"
+            "print(json.dumps(r))\n"
+        )
+        lease = await self._lease(0)
+        try:
+            return await self._run(probe, "", 20.0, lease, python)
+        finally:
+            if lease is not None:
+                lease.release()
+
+    def _layers(self, python: str, result: SandboxResult, plan_notes: list[str]) -> dict[str, Any]:
+        c = self.config
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+        notes = [*plan_notes, *result.isolation_notes]
+        text = " ".join(notes)
+        mount = c.private_tmp and "no-mount-namespace" not in text
+        namespaces = [
+            c.isolate_network and "no-net-namespace" not in text,
+            mount,
+            c.pid_namespace and "no-pid-namespace" not in text,
+        ]
+        hidden = data["hidden"]
+        fresh = mount and self._plan is not None and "no-fresh-root" not in text and not data["canary"]
+        if not fresh:
+            self._plan = None  # runs go straight to the deny-list instead of failing to build the root each time
+        return {
+            "python": python,
+            "namespaces": ("root" if self._is_root else "user namespace") if any(namespaces) else "none",
+            "separate_process_group": True,
+            "scrubbed_environment": True,
+            "private_workdir": True,
+            "rlimits": "no-RLIMIT" not in text,
+            "unprivileged_uid": result.uid is not None and data["uid"] == result.uid,
+            "network_namespace": namespaces[0] and set(data["ifaces"] or ()) <= {"lo"},
+            "mount_namespace": mount,
+            "deny_by_default_fs": fresh,
+            "private_tmp": mount and data["tmp_writable"] and not data["tmp_marker"],
+            "pid_namespace": namespaces[2] and data["pid"] == 2,
+            "private_proc": data["proc"] is not None and set(data["proc"]) <= {"1", "2"},
+            "hidden_paths": hidden,
+            "exposed_paths": [p for p in self._hide if p not in hidden],
+            "visible_paths": list(self._plan.visible) if self._plan is not None else None,
+            "seccomp": False,
+            "notes": notes,
+        }
+
+
+def _log_isolation(iso: dict[str, Any]) -> None:
+    """WARNING (once per process and situation) naming each missing layer and what it means; INFO when
+    every layer this sandbox provides is active."""
+    missing = [k for k in LAYERS if iso.get(k) is False]
+    exposed = list(iso.get("exposed_paths", ()))
+    key = (tuple(missing), tuple(exposed), iso.get("python"), iso.get("namespaces"))
+    with _logged_lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    never = "; ".join(f"{k}: {why}" for k, why in NOT_PROVIDED.items())
+    if missing or exposed:
+        lines = [f"  {k}: {LAYERS[k]}" for k in missing]
+        if exposed:
+            lines.append(f"  exposed_paths: the program can read {', '.join(exposed)}")
+        logger.warning(
+            "sandbox isolation INCOMPLETE (namespaces: %s, interpreter %s); missing layers:\n%s\n(not provided: %s)",
+            iso.get("namespaces"), iso.get("python"), "\n".join(lines), never,
+        )  # fmt: skip
+    else:
+        logger.info(
+            "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); not provided: %s",
+            ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), never,
+        )  # fmt: skip
 
 
 async def _read_capped(
@@ -436,21 +621,3 @@ def _split_notes(stderr: str) -> tuple[list[str], str]:
         else:
             kept.append(line)
     return notes, "".join(kept)
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process owned by ``uid`` (daemons a program left behind, fork bombs)."""
-    for _ in range(3):
-        found = False
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                if entry.stat().st_uid == uid:
-                    found = True
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                continue
-        if not found:
-            return
-        time.sleep(0.005)

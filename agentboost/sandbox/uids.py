@@ -1,0 +1,80 @@
+"""Host-wide leases on sandbox uids: one uid per running program, across every process on the host.
+
+Cleanup kills a run's stragglers by uid, so a uid must never be shared by two live runs, even runs of
+different worker processes with the same ``SandboxConfig``. A lease is an exclusive ``flock`` on
+``<lock dir>/<uid>.lock`` held for the run's lifetime; the kernel drops it when the holder closes it
+or dies, so a crashed worker never strands a uid. Root only (only root can switch uids).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+import stat
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LOCK_PARENTS = ("/run/lock", "/run", "/var/lock")
+
+
+def lock_dir() -> Path:
+    """The host-global directory of uid lock files (created private to this uid; refused otherwise)."""
+    parent = next((p for p in _LOCK_PARENTS if os.path.isdir(p)), tempfile.gettempdir())
+    directory = Path(parent) / "agentboost-sandbox-uids"
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise RuntimeError(f"{directory} is not a private directory of uid {os.geteuid()}: cannot lease sandbox uids")
+    return directory
+
+
+@dataclass
+class UidLease:
+    """An exclusive hold on ``uid`` until :meth:`release` (or this process's death)."""
+
+    uid: int
+    _fd: int = field(repr=False)
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # closing the only descriptor drops the flock
+            self._fd = -1
+
+
+def try_lease(directory: Path, first: int, count: int, start: int = 0) -> UidLease | None:
+    """The first free uid of ``first .. first + count - 1``, trying from ``first + start``; None if all
+    are held."""
+    for i in range(count):
+        uid = first + (start + i) % count
+        fd = os.open(directory / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return UidLease(uid, fd)
+    return None
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every host process owned by ``uid``. Only for a leased uid: they are all the run's own
+    (daemons a program left behind, fork bombs), or strays of a dead holder of the same lease."""
+    for _ in range(3):
+        found = False
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat().st_uid == uid:
+                    found = True
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                continue
+        if not found:
+            return
+        time.sleep(0.005)
