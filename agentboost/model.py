@@ -31,6 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
+from datetime import datetime
 from typing import Any
 
 from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
@@ -110,6 +111,8 @@ class TokenModel(Model):
         self._cancelled_calls: set[str] = set()
         self._turn_limit_calls: set[str] = set()
         self._request_window: tuple[float, float | None] | None = None
+        self._started_at = datetime.now()
+        """The episode's moment for templates that print the date: every render of the episode uses it."""
         self._pending_stop: EpisodeStop | None = None
         self.synthetic_messages = 0
         self.model_time_s = 0.0
@@ -319,7 +322,7 @@ class TokenModel(Model):
             self._system, self._tools = system, tools
             self._tool_names = [t["function"]["name"] for t in tools or []]
             hf = system_message(system) + strands_to_hf(messages)
-            return self.template.initial_prompt(hf, tools)
+            return self.template.initial_prompt(hf, tools, now=self._started_at)
         if system != self._system:
             raise TrajectoryDivergence("the system prompt changed mid-episode")
         if tools != self._tools:
@@ -337,7 +340,7 @@ class TokenModel(Model):
             raise TrajectoryDivergence("the model was called again with no new message")
         self.synthetic_messages += sum(1 for m in new if m.get("role") == "assistant")
         last = self._context[-1] if self._context else None
-        return self.template.continuation(strands_to_hf(new), last)
+        return self.template.continuation(strands_to_hf(new), last, now=self._started_at)
 
     async def _await_generation(
         self, request: GenerationRequest, cancel_signal: threading.Event | None

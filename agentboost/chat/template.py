@@ -7,6 +7,10 @@ is subtracted: fragments are never rendered alone (which would trigger default s
 "first message" logic). The text between the end-of-turn token the model generated and the next
 message (``"\\n"`` for Qwen, ``""`` for Llama 3) is probed once from the template.
 
+Templates that print the current date (``strftime_now``, Llama 3.2/3.3) render every piece of an
+episode with one moment, pinned when the episode starts (``now=``): the fake prefix is rendered
+with the same moment it is subtracted from, so a run that crosses midnight keeps working.
+
 Where the template is *prefix-stable* (rendering a conversation and then appending messages gives a
 prefix of rendering the longer conversation: Qwen2.5, Qwen3-2507, Llama 3.1), the concatenated
 episode tokens equal the template's full render. Where it is not (Qwen3 hybrid thinking: an empty
@@ -21,6 +25,7 @@ import hashlib
 import logging
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ..errors import TemplateError
@@ -100,16 +105,33 @@ class ChatTemplate:
         self.fingerprint = hashlib.sha256(
             (self.chat_template + repr(sorted(self.template_kwargs.items())) + parser_name).encode()
         ).hexdigest()[:12]
-        self._fake_render = self.render(_FAKE_PREFIX, add_generation_prompt=False)
+        self._fake_renders: dict[str, str] = {}
+        self._fake_lock = threading.Lock()
+
+    @property
+    def uses_clock(self) -> bool:
+        """The template prints the current date or time (``strftime_now``)."""
+        return "strftime_now" in self.chat_template and "strftime_now" not in self.template_kwargs
 
     # -- rendering ---------------------------------------------------------------------
-    def render(self, messages: list[HFMessage], *, tools: list[dict] | None = None, add_generation_prompt: bool) -> str:
+    def render(
+        self,
+        messages: list[HFMessage],
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool,
+        now: datetime | None = None,
+    ) -> str:
+        """The template's text for ``messages``; ``now`` is the moment ``strftime_now`` reports
+        (default: the current time)."""
+        clock = {"strftime_now": (now or datetime.now()).strftime} if self.uses_clock else {}
         text = self.tokenizer.apply_chat_template(
             messages,
             tools=tools,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            **clock,
             **self.template_kwargs,
         )
         if not isinstance(text, str):
@@ -122,11 +144,28 @@ class ChatTemplate:
     def decode(self, token_ids: list[int]) -> str:
         return str(self.tokenizer.decode(token_ids, skip_special_tokens=False))
 
-    def initial_prompt(self, messages: list[HFMessage], tools: list[dict] | None) -> list[int]:
+    def initial_prompt(
+        self, messages: list[HFMessage], tools: list[dict] | None, *, now: datetime | None = None
+    ) -> list[int]:
         """Token ids of the first call: the full render with the generation prompt."""
-        return self.encode(self.render(messages, tools=tools, add_generation_prompt=True))
+        return self.encode(self.render(messages, tools=tools, add_generation_prompt=True, now=now))
 
-    def continuation(self, new_messages: list[HFMessage], last_token_id: int | None) -> list[int]:
+    def _fake_render(self, now: datetime | None) -> str:
+        """The render of the fixed ``[system, user]`` prefix, at the episode's moment."""
+        key = (now or datetime.now()).isoformat() if self.uses_clock else ""
+        with self._fake_lock:
+            cached = self._fake_renders.get(key)
+        if cached is None:
+            cached = self.render(_FAKE_PREFIX, add_generation_prompt=False, now=now)
+            with self._fake_lock:
+                if len(self._fake_renders) >= 256:  # one entry per episode start when the clock is used
+                    self._fake_renders.clear()
+                self._fake_renders[key] = cached
+        return cached
+
+    def continuation(
+        self, new_messages: list[HFMessage], last_token_id: int | None, *, now: datetime | None = None
+    ) -> list[int]:
         """Token ids that follow the model's last response: separator, ``new_messages``, generation prompt.
 
         If the last response did not end with an end-of-turn token (a different stop token, e.g.
@@ -135,13 +174,15 @@ class ChatTemplate:
         """
         if not new_messages:
             raise TemplateError("no new messages to render")
-        full = self.render(_FAKE_PREFIX + new_messages, add_generation_prompt=True)
-        if not full.startswith(self._fake_render):
+        now = now or (datetime.now() if self.uses_clock else None)
+        prefix = self._fake_render(now)
+        full = self.render(_FAKE_PREFIX + new_messages, add_generation_prompt=True, now=now)
+        if not full.startswith(prefix):
             raise TemplateError(
                 "the chat template is not incremental: rendering messages after a [system, user] prefix "
                 "changes the prefix"
             )
-        delta = full[len(self._fake_render) :]
+        delta = full[len(prefix) :]
         if last_token_id in self.eot_token_ids:
             return self.encode(self.info.separator + delta)
         eot = [self.info.eot_token_id]

@@ -145,6 +145,20 @@ SPECS: dict[str, TokenizerSpec] = {
         pad_token="<|finetune_right_pad_id|>",
         bos_token="<|begin_of_text|>",
     ),
+    # Llama 3.2/3.3: the 3.1 vocabulary; the template prints today's date (strftime_now).
+    "llama3.2": TokenizerSpec(
+        name="llama3.2",
+        vocab_package="llama_models",
+        vocab_resource="llama3/tokenizer.model",
+        base_vocab_size=128000,
+        pattern=LLAMA3_PATTERN,
+        added_tokens=_LLAMA3_ADDED,
+        template_package="trl",
+        template_resource="chat_templates/llama3_2.jinja",
+        eos_token="<|eot_id|>",
+        pad_token="<|finetune_right_pad_id|>",
+        bos_token="<|begin_of_text|>",
+    ),
 }
 
 
