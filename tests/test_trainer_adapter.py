@@ -254,3 +254,29 @@ def test_episode_metrics_cover_every_termination() -> None:
 
 
 _ = (torch, StrandsAgent, ArithmeticEnv, _episodes)
+
+
+def test_lone_survivor_rule_with_real_verl_compute_advantage(qwen25_tokenizer, tmp_path) -> None:
+    ray_trainer = pytest.importorskip("verl.trainer.ppo.ray_trainer", reason="veRL is not installed")
+    from verl import DataProto
+
+    from modified_rllm_files.agent_ppo_trainer import run_coroutine
+
+    ns = fake_stack.trainer_namespace()
+    ns["compute_advantage"], ns["DataProto"] = ray_trainer.compute_advantage, DataProto
+    assert trainer_adapter.install(ns) is True
+    _, engine, _ = make_trainer(qwen25_tokenizer, tmp_path)
+    fake_stack.load_rows(engine, make_tasks(2, seed=13, max_ops=1, max_value=9), n=3)
+    episodes = run_coroutine(engine.run_strands_episodes())
+    episodes[1].masked = episodes[2].masked = True  # group a: one survivor; group b: rewards 1, 0, 1
+    episodes[4].reward = 0.0
+    tensors, non_tensors = episodes_to_verl(episodes, pad_token_id=qwen25_tokenizer.pad_token_id,
+                                            max_prompt_length=512, max_response_length=256)  # fmt: skip
+    data = DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+    data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+    data.non_tensor_batch["uid"] = np.array(["a"] * 3 + ["b"] * 3, dtype=object)
+    out = ns["compute_advantage"](data, adv_estimator="grpo", num_repeat=3, norm_adv_by_std_in_grpo=True)
+    per_row = out.batch["advantages"].sum(-1) / out.batch["response_mask"].sum(-1).clamp(min=1)
+    assert per_row[:3].abs().sum() == 0  # veRL alone: the survivor's raw reward (1.0)
+    assert per_row[3] > 0 > per_row[4] and per_row[5] == pytest.approx(per_row[3].item())
+    assert out.non_tensor_batch["uid"].tolist() == ["a"] * 3 + ["b"] * 3
