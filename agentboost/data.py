@@ -1,7 +1,9 @@
 """Load dataset rows (JSONL, JSON, parquet) for rollouts and evaluation.
 
 Rows of rLLM's verl parquet files (``{"prompt": ..., "extra_info": <row>}``) are unwrapped to the
-original row, which is what ``StrandsEnv.from_dict`` reads.
+original row, which is what ``StrandsEnv.from_dict`` reads. Rows are JSON values whatever the file
+format (they travel to worker processes and into the evaluator's store as JSON): parquet timestamps
+and dates become ISO strings, decimals strings, binary values UTF-8 text (base64 when not UTF-8).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def load_rows(path: str | Path, *, limit: int | None = None) -> list[dict[str, A
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        rows = pq.read_table(path).to_pylist()
+        rows = [_json_native(row) for row in pq.read_table(path).to_pylist()]
     else:
         raise ValueError(f"{path}: unsupported dataset format {suffix!r} (use .jsonl, .json or .parquet)")
     out = []
@@ -37,6 +39,30 @@ def load_rows(path: str | Path, *, limit: int | None = None) -> list[dict[str, A
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def _json_native(value: Any) -> Any:
+    """``value`` with the non-JSON types parquet yields turned into JSON ones (see module doc)."""
+    import base64
+    import datetime
+    import decimal
+
+    if isinstance(value, dict):
+        return {str(k): _json_native(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_native(v) for v in value]
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(bytes(value)).decode("ascii")
+    return value
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -326,19 +326,42 @@ class Episode:
 _BYTES_KEY = "__bytes_b64__"
 
 
-def _jsonable(value: Any) -> Any:
-    """Make Strands messages JSON-safe without losing information (bytes are base64-tagged)."""
-    if isinstance(value, bytes | bytearray):
-        return {_BYTES_KEY: base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Enum):
-        return value.value
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    return repr(value)
+def _jsonable(value: Any, _depth: int = 0) -> Any:
+    """Make Strands messages JSON-safe without losing information (bytes are base64-tagged).
+
+    Never raises: tool results are untrusted, so a value whose ``repr`` (or key's ``str``) raises,
+    or a structure nested too deep (a cycle), becomes a placeholder naming its type."""
+    try:
+        if _depth > 200:
+            return _placeholder(value, "nested too deep")
+        if isinstance(value, bytes | bytearray):
+            return {_BYTES_KEY: base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, dict):
+            return {_key(k): _jsonable(v, _depth + 1) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [_jsonable(v, _depth + 1) for v in value]
+        if isinstance(value, Enum):
+            return _jsonable(value.value, _depth + 1)
+        if value is None or isinstance(value, str | int | float | bool):
+            return value
+        return repr(value)
+    except Exception:
+        return _placeholder(value, "unrepresentable")
+
+
+def _key(key: Any) -> str:
+    try:
+        return str(key)
+    except Exception:
+        return _placeholder(key, "unrepresentable key")
+
+
+def _placeholder(value: Any, why: str) -> str:
+    try:
+        name = type(value).__qualname__
+    except Exception:
+        name = "object"
+    return f"<{why} {name}>"
 
 
 def _from_jsonable(value: Any) -> Any:

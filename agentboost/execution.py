@@ -1,13 +1,17 @@
 """Run many episode specs: in this process, or through the worker pool. Shared by the CLIs.
 
 ``workers=0`` runs episodes on this process's event loop (fine for HTTP backends and tests);
-``workers>0`` runs them in :class:`~agentboost.agents.strands_process_pool.StrandsProcessPool`
-worker processes, isolated from each other and from the caller. Either way at most
-``concurrency`` episodes are in flight and ``on_done`` sees every episode as it finishes.
+``workers>0`` runs them in :class:`~agentboost.pool.StrandsProcessPool` worker processes, isolated
+from each other and from the caller. Either way at most ``concurrency`` episodes are in flight and
+``on_done`` sees every episode as it finishes. In this process, synchronous tools run in daemon
+threads (:func:`~agentboost.pool.threads.loop_tool_threads`): a tool stuck past its episode's end is
+named in a warning and left behind, so neither the caller's ``asyncio.run`` nor interpreter exit
+waits for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -27,8 +31,11 @@ async def run_specs(
     if not specs:
         return []
     if workers <= 0:
-        return await run_many(specs, concurrency=concurrency, on_done=on_done)
-    from .agents.strands_process_pool import PoolConfig, StrandsProcessPool
+        from .pool.threads import loop_tool_threads
+
+        with loop_tool_threads(asyncio.get_running_loop()):
+            return await run_many(specs, concurrency=concurrency, on_done=on_done)
+    from .pool import PoolConfig, StrandsProcessPool
 
     needs_torch = any(not s.model.backend.startswith(_NO_TORCH_BACKENDS) for s in specs)
     config = PoolConfig(workers=workers, max_in_flight=max(1, concurrency), torch_in_workers=needs_torch)

@@ -10,6 +10,7 @@ evaluator and the worker pool all go through it.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import uuid
@@ -111,7 +112,11 @@ async def run_spec(spec: EpisodeSpec) -> Episode:
     """Build env, agent and model from ``spec`` and run the episode. Never raises (but for cancellation)."""
     started = time.monotonic()
     try:
-        built = cached_model(spec.model) or await asyncio.to_thread(build_model, spec.model)
+        built = cached_model(spec.model)
+        if built is None:  # shared by the process's later episodes: built outside this one's context
+            built = await asyncio.get_running_loop().run_in_executor(
+                None, contextvars.Context().run, build_model, spec.model
+            )
         backend, template = built
         # Off the event loop: the first episode of a worker imports the user's modules, and user
         # code in from_dict may be slow; a blocked loop misses heartbeats and looks hung.

@@ -17,9 +17,9 @@ import os
 import sys
 import time
 
-from agentboost.agents.strands_process_pool import PoolConfig, StrandsProcessPool
 from agentboost.backends.factory import ModelSpec
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks
+from agentboost.pool import PoolConfig, StrandsProcessPool
 from agentboost.rollout import RolloutSettings
 from agentboost.runs import AgentSpec, EpisodeSpec, expand, run_many
 

@@ -1,13 +1,19 @@
-"""``agentboost`` CLI on its embedded default (tiny local model, generated arithmetic tasks)."""
+"""``agentboost`` CLI on its embedded default (tiny local model, generated arithmetic tasks), and its exit
+while a tool thread is stuck."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from agentboost.cli.main import main
 from agentboost.episode import Episode
+from agentboost.types import Termination
 
 
 def test_rollout_embedded_default(tmp_path, capsys) -> None:
@@ -28,3 +34,39 @@ def test_rollout_embedded_default(tmp_path, capsys) -> None:
 def test_rollout_rejects_missing_data(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
         main(["rollout", "--data", str(tmp_path / "missing.jsonl")])
+
+
+def _run_cli(args: list[str], tmp_path, *, limit_s: float = 90.0) -> subprocess.CompletedProcess:
+    """Run the CLI in a fresh interpreter (as a user would), with a limit that catches a hang."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "agentboost.cli.main", *args],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=limit_s,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the CLI did not exit within {limit_s}s; stderr tail: {str(exc.stderr)[-2000:]}")
+    return done
+
+
+STUCK_TOOL = [
+    "--env", "agentboost.environments.strands_env:StrandsEnv",
+    "--env-arg", "tools=tests.pool_tools:tools_for", "--env-arg", "reward_fn=tests.pool_tools:reward",
+    "--backend", "py:tests.pool_tools:directed_backend", "--tokenizer", "offline:qwen2.5",
+    "--episode-timeout", "2", "--workers", "0",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_cli_exits_promptly_while_a_tool_thread_is_stuck(tmp_path, command) -> None:
+    data = tmp_path / "tasks.jsonl"
+    data.write_text(json.dumps({"task_id": "stuck", "prompt": 'CALL slow {"seconds": 3600}'}) + "\n")
+    out = tmp_path / "out"
+    extra = ["--no-plots"] if command == "eval" else []
+    done = _run_cli([command, "--data", str(data), "--out", str(out), *STUCK_TOOL, *extra], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [line] = (out / "episodes.jsonl").read_text().splitlines()
+    assert Episode.from_json(line).termination is Termination.TIMEOUT
+    assert (out / ("summary.json" if command == "rollout" else "report.json")).exists()
+    assert "tool thread(s) still running" in done.stderr and "slow" in done.stderr
