@@ -72,8 +72,11 @@ def make_tree(root: Path, rllm_version: str | None = "0.2.1", verl_version: str 
 
 
 def run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """apply_patches.py over the fake installs under ``root`` only: ``-S`` keeps a real rLLM/veRL in
+    site-packages out of sight (a package absent from the fake tree must not resolve to the real one,
+    which these tests would then patch or revert)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
-    return subprocess.run([sys.executable, str(REPO / "apply_patches.py"), *args], cwd=root, env=env,
+    return subprocess.run([sys.executable, "-S", str(REPO / "apply_patches.py"), *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 

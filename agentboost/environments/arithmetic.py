@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 from ..episode import Episode
+from ..rewards.answer import final_answer_text
 from ..tools.calculator import calculator, evaluate, format_number
 from ..types import RewardOutput
 from .strands_env import StrandsEnv
@@ -63,7 +64,8 @@ def make_tasks(
 
 
 def exact_answer_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
-    answer = episode.final_text.strip().rstrip(".")
+    """1 when the agent finished on its own and its final answer is exactly the number."""
+    answer = (final_answer_text(episode) or "").strip().rstrip(".")
     correct = answer == str(task["answer"])
     return RewardOutput(1.0 if correct else 0.0, metrics={"answered": float(bool(answer))}, is_correct=correct)
 
