@@ -1,0 +1,298 @@
+"""The ``strands_agent`` verl agent loop against a fake of verl 0.9.1's contract (``tests/fake_verl09.py``).
+
+Outputs are checked against what the fake rollout servers were actually sent and sampled (not against
+agentboost's own bookkeeping): the prompt is the first call's prompt, prompt + response is the last
+call's prompt + its reply, the loss mask is 1 exactly on sampled tokens, the log-probs are the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+
+from agentboost.backends.base import GenerationRequest
+from agentboost.backends.verl_llm_client import VerlLLMClientBackend
+from agentboost.chat.template import ChatTemplate
+from agentboost.errors import BackendContextOverflow, BackendError, BackendTimeout
+from agentboost.integration import verl_advantage, verl_agent_loop
+from agentboost.types import SamplingParams
+from tests import fake_verl09 as fv
+
+ENV = "agentboost.environments.arithmetic:ArithmeticEnv"
+
+
+@pytest.fixture(scope="module")
+def loop_cls():
+    return verl_agent_loop.build_loop_class(fv.AgentLoopBase, fv.AgentLoopOutput)
+
+
+def stack(template: ChatTemplate, n_servers: int = 2, config: Any = None, **policy_kwargs: Any):
+    config = config or fv.trainer_config()
+    servers = [
+        fv.FakeVLLMServer(f"s{i}", fv.arithmetic_policy(template, **policy_kwargs), config=config,
+                          eos_token_id=template.tokenizer.eos_token_id, latency_s=0.002)
+        for i in range(n_servers)
+    ]  # fmt: skip
+    return config, servers, fv.FakeLLMServerClient(servers)
+
+
+def row(question: str, uid: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "raw_prompt": [{"role": "user", "content": f"What is {question}?"}],
+        "extra_info": {"prompt": f"What is {question}?", "answer": str(eval(question)), **extra},
+        "uid": uid,
+        "data_source": "arith",
+        "index": 0,
+    }
+
+
+def run(loop_cls, template, rows, *, config, client, entry=None):
+    return asyncio.run(
+        fv.run_rows(loop_cls, rows, config=config, tokenizer=template.tokenizer, server_manager=client,
+                    entry={"env_class": ENV, **(entry or {})})
+    )  # fmt: skip
+
+
+def check_exact(output: fv.AgentLoopOutput, calls: list) -> None:
+    """The output is what the servers were sent and sampled, token for token."""
+    assert calls, "the episode made no call"
+    full = calls[-1].prompt_ids + calls[-1].token_ids
+    assert output.prompt_ids == calls[0].prompt_ids
+    assert output.prompt_ids + output.response_ids == full
+    expected_mask = [0] * len(output.response_ids)
+    expected_lps = [0.0] * len(output.response_ids)
+    p = len(output.prompt_ids)
+    for call in calls:
+        assert full[: len(call.prompt_ids)] == call.prompt_ids  # each call's prompt is a prefix of the row
+        start = len(call.prompt_ids) - p
+        for i, lp in enumerate(call.log_probs):
+            expected_mask[start + i] = 1
+            expected_lps[start + i] = lp
+    assert output.response_mask == expected_mask
+    assert output.response_logprobs == pytest.approx(expected_lps)
+
+
+def test_rows_are_exactly_what_the_servers_sampled_sticky_and_concurrent(loop_cls, qwen25_template) -> None:
+    config, servers, client = stack(qwen25_template)
+    questions = ["2 + 3", "7 * 6", "9 - 4", "12 + 30"]
+    rows = [row(q, f"uid-{i}") for i, q in enumerate(questions) for _ in range(4)]  # 4 prompts x GRPO n=4
+    outputs = run(loop_cls, qwen25_template, rows, config=config, client=client)
+
+    assert len(outputs) == 16 and client.max_in_flight > 1  # the rows ran at the same time
+    ids = [o.extra_fields["strands"]["episode_id"] for o in outputs]
+    assert len(set(ids)) == 16
+    for output, episode_id in zip(outputs, ids, strict=True):
+        calls = [c for c in client.calls if c.request_id == episode_id]
+        assert len(calls) == 2  # calculator call, then the answer
+        assert len({c.server for c in calls}) == 1  # sticky: one episode, one replica
+        check_exact(output, calls)
+        assert output.reward_score == 1.0 and output.num_turns == 4  # user, call, tool result, answer
+        strands = output.extra_fields["strands"]
+        assert strands["termination"] == "completed" and strands["masked"] is False
+        info = output.extra_fields["reward_extra_info"]
+        assert info["strands_model_calls"] == 2.0 and info["strands_tool_calls"] == 1.0
+        assert info["strands_termination_completed"] == 1.0 and info["strands_masked"] == 0.0
+        assert output.extra_fields["min_global_steps"] == output.extra_fields["max_global_steps"] == 7
+        assert output.metrics.generate_sequences > 0 and output.metrics.num_preempted == 0
+    assert {c.server for c in client.calls} == {"s0", "s1"}  # load spread over both replicas
+    # Every request asked for exactly the episode's remaining budget and stopped on the template's stops.
+    for call in client.calls:
+        assert set(call.params["stop_token_ids"]) >= set(qwen25_template.stop_token_ids)
+    # verl's post-processing stacks the rows (same extra keys everywhere) with the reward on the last token.
+    batch = fv.postprocess(outputs, config=config, pad_token_id=qwen25_template.tokenizer.pad_token_id)
+    assert batch["rm_scores"].sum(-1).tolist() == [1.0] * 16
+    assert batch["reward_extra_info/strands_masked"].tolist() == [0.0] * 16
+
+
+def test_generation_cut_by_max_tokens_is_length_and_stays_trainable(loop_cls, qwen25_template) -> None:
+    config = fv.trainer_config(**{"actor_rollout_ref.rollout.response_length": 24})
+    config, _, client = stack(qwen25_template, config=config, ramble=40)
+    [output] = run(loop_cls, qwen25_template, [row("2 + 3", "u")], config=config, client=client)
+    [call] = client.calls
+    assert call.stop_reason == "completed" and len(call.token_ids) == 24  # verl says nothing about the cut
+    strands = output.extra_fields["strands"]
+    assert strands["termination"] == "max_tokens" and not strands["masked"]  # the policy's ending: kept
+    check_exact(output, client.calls)
+    assert sum(output.response_mask) == 24
+
+
+def test_failures_are_masked_rows_with_reward_zero(loop_cls, qwen25_template) -> None:
+    config = fv.trainer_config(**{"actor_rollout_ref.rollout.prompt_length": 300})
+    config, servers, client = stack(qwen25_template, config=config)
+    rows = [
+        row("2 + 3", "ok"),
+        row("2 + 3", "long", prompt="What is " + " + ".join(["1"] * 400) + "?"),  # task prompt too long
+        {"raw_prompt": [], "extra_info": {"answer": "1"}, "uid": "bad"},  # no prompt anywhere
+        {**row("2 + 3", "bad-env"), "extra_info": {"prompt": "What is 2 + 3?", "tools": "no.such:module"}},
+    ]
+    outputs = run(loop_cls, qwen25_template, rows, config=config, client=client)
+    good, long_prompt, no_prompt, bad_env = outputs
+    assert good.extra_fields["strands"]["masked"] is False and good.reward_score == 1.0
+    assert long_prompt.extra_fields["strands"]["termination"] == "context_overflow"
+    assert no_prompt.extra_fields["strands"]["termination"] == "infra_error"
+    assert "no prompt field" in no_prompt.extra_fields["strands"]["detail"]
+    assert bad_env.extra_fields["strands"]["termination"] == "infra_error"
+    for failed in (long_prompt, no_prompt, bad_env):
+        assert failed.extra_fields["strands"]["masked"] is True
+        assert failed.reward_score == 0.0 and set(failed.response_mask) == {0} and failed.response_ids
+        assert failed.extra_fields["reward_extra_info"]["strands_masked"] == 1.0
+        assert len(failed.prompt_ids) <= 300
+    # An abort (weight sync, preemption) is an infrastructure failure, never a finished turn.
+    servers[0].abort = servers[1].abort = True
+    [aborted] = run(loop_cls, qwen25_template, [row("2 + 3", "abort")], config=config, client=client)
+    assert aborted.extra_fields["strands"]["termination"] == "infra_error"
+    assert aborted.reward_score == 0.0 and set(aborted.response_mask) == {0}
+    # Rows still stack in verl's post-processing (same keys, logprobs everywhere).
+    batch = fv.postprocess([*outputs, aborted], config=config, pad_token_id=0)
+    assert batch["reward_extra_info/strands_masked"].tolist() == [0.0, 1.0, 1.0, 1.0, 1.0]
+
+
+def test_row_longer_than_verl_lengths_is_cut_and_masked_like_episodes_to_batch(loop_cls, qwen25_template) -> None:
+    config = fv.trainer_config(**{"actor_rollout_ref.rollout.response_length": 16})
+    config, _, client = stack(qwen25_template, config=config, ramble=3)
+    entry = {"budget": {"max_response_tokens": 400, "max_total_tokens": 2000}}  # a budget past verl's lengths
+    [output] = run(loop_cls, qwen25_template, [row("2 + 3", "u")], config=config, client=client, entry=entry)
+    assert len(output.response_ids) == 16 and set(output.response_mask) == {0}
+    assert output.reward_score == 0.0 and output.extra_fields["strands"]["batch_cut"]
+    assert output.extra_fields["reward_extra_info"]["strands_batch_cut"] == 1.0
+    full = client.calls[-1].prompt_ids + client.calls[-1].token_ids
+    assert output.response_ids == full[len(output.prompt_ids) :][:16]
+
+
+def test_task_and_system_prompt_from_the_row_and_options(loop_cls, qwen25_template) -> None:
+    config = fv.trainer_config(strands={"env_class": "agentboost.environments.strands_env:StrandsEnv"})
+    config, _, client = stack(qwen25_template, config=config)
+    rows = [{
+        "raw_prompt": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 4 + 4?"}],
+        "extra_info": {"answer": "8"}, "uid": "u",
+    }]  # fmt: skip
+    # The YAML entry's keys win over +strands.*: the arithmetic env (calculator, exact answer) is used.
+    [output] = run(loop_cls, qwen25_template, rows, config=config, client=client)
+    prompt = qwen25_template.decode(output.prompt_ids)
+    assert "You are terse." in prompt and "What is 4 + 4?" in prompt and '"calculator"' in prompt
+    assert output.reward_score == 1.0
+    with pytest.raises(ValueError, match="unknown strands option"):
+        run(loop_cls, qwen25_template, rows, config=config, client=client, entry={"env_clas": ENV})
+
+
+def test_full_determinism_uses_verls_request_id_rule(loop_cls, qwen25_template) -> None:
+    config = fv.trainer_config(**{"actor_rollout_ref.rollout.full_determinism": True})
+    config, _, client = stack(qwen25_template, config=config)
+    [output] = run(loop_cls, qwen25_template, [{**row("2 + 3", "u"), "priority": 5}], config=config, client=client)
+    assert output.extra_fields["strands"]["episode_id"] == "det-5"
+    assert {c.request_id for c in client.calls} == {"det-5"}
+
+
+def test_sampling_comes_from_verl_and_logprobs_only_when_asked(loop_cls, qwen25_template) -> None:
+    rollout = "actor_rollout_ref.rollout"
+    config = fv.trainer_config(
+        **{f"{rollout}.calculate_log_probs": False, f"{rollout}.temperature": 0.0, f"{rollout}.top_k": 0}
+    )
+    config, _, client = stack(qwen25_template, config=config)
+    outputs = run(loop_cls, qwen25_template, [row("2 + 3", "u"), {"raw_prompt": [], "uid": "x"}],
+                  config=config, client=client)  # fmt: skip
+    assert [o.response_logprobs for o in outputs] == [None, None]  # consistent across rows, failed ones too
+    params = client.calls[0].params
+    assert params["temperature"] == 0.0 and params["top_k"] == -1 and params["logprobs"] is False
+    sampling, passthrough = verl_agent_loop.sampling_from_verl({"temperature": 0.6, "top_p": 0.9, "top_k": 20,
+                                                                "logprobs": 1, "ignore_eos": False})  # fmt: skip
+    assert sampling == SamplingParams(temperature=0.6, top_p=0.9, top_k=20, logprobs=True)
+    assert passthrough == {"ignore_eos": False}
+
+
+# -- the backend alone -------------------------------------------------------------------------------
+class StubClient:
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.seen: list[dict[str, Any]] = []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params):
+        self.seen.append(sampling_params)
+        sampling_params.pop("max_tokens")  # verl's server pops what it reads
+        if isinstance(self.reply, BaseException):
+            raise self.reply
+        if self.reply == "hang":
+            await asyncio.sleep(10)
+        return self.reply
+
+
+def generate(reply: Any, *, max_tokens: int = 4, stop: tuple[int, ...] = (9,), timeout_s: float | None = None):
+    backend = VerlLLMClientBackend(StubClient(reply), passthrough={"ignore_eos": False})
+    request = GenerationRequest([1, 2, 3], SamplingParams(), max_tokens, "ep", stop_token_ids=stop, timeout_s=timeout_s)
+    return asyncio.run(backend.generate(request)), backend
+
+
+def test_backend_derives_finish_reasons_verl_does_not_report() -> None:
+    out = fv.TokenOutput
+
+    def finish(ids: list[int], reported: str | None) -> str:
+        return generate(out(token_ids=ids, log_probs=[-1.0] * len(ids), stop_reason=reported))[0].finish_reason
+
+    assert finish([5, 6, 7, 8], "completed") == "length"  # filled max_tokens without a stop token: cut
+    assert finish([5, 6, 7, 9], "completed") == "stop"
+    assert finish([5, 9], "completed") == "stop"
+    assert finish([5, 6, 7, 8], "length") == "length"  # the fully-async client's own report
+    reply = out(token_ids=[5, 9], stop_reason=None, num_preempted=2, extra_fields={"global_steps": 3})
+    result, backend = generate(reply)
+    assert result.finish_reason == "stop" and result.weight_version == 3
+    assert backend.global_steps == [3] and backend.preempted == 2
+    spans = out(token_ids=[5, 9], stop_reason="completed", extra_fields={"global_steps": 5, "min_global_steps": 4})
+    assert generate(spans)[1].global_steps == [4, 5]  # a resumed partial rollout: both versions recorded
+    with pytest.raises(BackendError, match="aborted"):
+        generate(out(token_ids=[], stop_reason="aborted"))
+    with pytest.raises(BackendError, match="5 tokens for max_tokens=4"):
+        generate(out(token_ids=[1, 2, 3, 4, 5], stop_reason="completed"))
+
+
+def test_backend_maps_errors_and_sends_a_fresh_dict_per_call() -> None:
+    with pytest.raises(BackendContextOverflow):
+        generate(ValueError("Prompt length (9) leaves no room to generate within the model's maximum context length"))
+    with pytest.raises(BackendError, match="RuntimeError"):
+        generate(RuntimeError("No available servers in load balancer"))
+    with pytest.raises(BackendTimeout):
+        generate("hang", timeout_s=0.05)
+    _, backend = generate(fv.TokenOutput(token_ids=[9], stop_reason="completed"))
+    [sent] = backend.client.seen
+    assert sent["ignore_eos"] is False and sent["stop_token_ids"] == [9] and "max_tokens" not in sent
+
+
+# -- the advantage estimator and the registration ------------------------------------------------------
+def test_estimator_leaves_masked_rows_out_and_zeroes_lone_survivors() -> None:
+    core = fv.core_algos_module()
+    assert verl_advantage.register(core) is True and verl_advantage.register(core) is False
+    rewards = torch.zeros(7, 3)
+    rewards[:, -1] = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    mask = torch.ones(7, 3, dtype=torch.long)
+    mask[2] = mask[3] = mask[5] = 0  # masked rows (reward 0, no loss token)
+    uids = ["a", "a", "a", "a", "b", "b", "c"]
+    adv = fv.compute_advantage(core, "agentboost_grpo", {"rm_scores": rewards, "response_mask": mask}, uids)
+    # group a: only rows 0, 1 count: (1 - .5) / std([1, 0]) = +-0.7071; b and c have one usable row each.
+    assert adv[:, 0].tolist() == pytest.approx([0.70710, -0.70710, 0, 0, 0, 0, 0], abs=1e-4)
+    assert (adv[mask == 0] == 0).all()
+    no_std = fv.compute_advantage(core, "agentboost_grpo", {"rm_scores": rewards, "response_mask": mask}, uids,
+                                  config=fv.Config(norm_adv_by_std_in_grpo=False))  # fmt: skip
+    assert no_std[:2, 0].tolist() == pytest.approx([0.5, -0.5])
+    other = fv.core_algos_module()
+    other.register_adv_est("agentboost_grpo")(lambda **kw: None)
+    with pytest.raises(ValueError, match="already registered"):
+        verl_advantage.register(other)
+
+
+def test_install_registers_loop_and_estimator_and_refuses_other_versions() -> None:
+    module, core = fv.agent_loop_module(), fv.core_algos_module()
+    cls = verl_agent_loop.install(module, core, version="0.9.1")
+    assert issubclass(cls, fv.AgentLoopBase) and cls.__name__ == "StrandsAgentLoop"
+    assert module._agent_loop_registry["strands_agent"] == {
+        "_target_": "agentboost.integration.verl_agent_loop.StrandsAgentLoop"
+    }
+    assert "agentboost_grpo" in core.ADV_ESTIMATOR_REGISTRY
+    verl_agent_loop.install(module, core, version="0.9.3")  # idempotent, patch releases accepted
+    for version in ("0.6.1", "0.8.0", "0.9.0", "0.10.0", "1.0"):
+        with pytest.raises(verl_agent_loop.UnsupportedVerl, match=r"supports verl >=0.9.1,<0.10 \(tested: 0.9.1\)"):
+            verl_agent_loop.install(fv.agent_loop_module(), fv.core_algos_module(), version=version)
+    assert "_target_: agentboost.integration.verl_agent_loop.StrandsAgentLoop" in (
+        verl_agent_loop.AGENT_LOOP_CONFIG.read_text()
+    )
