@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Install agentboost's adapters into the installed rLLM v0.2.1.post1 and veRL 0.6.1.
+"""Install agentboost's adapters into the installed rLLM and veRL.
+
+Supported pairs (anything else, mixed pairs included, is refused naming these):
+rLLM v0.2.1.post1 + veRL 0.6.1 (patches rLLM's engine and trainer and veRL's vLLM server) and
+rLLM v0.3.0-pre + veRL 0.7.1 (patches rLLM's engine and trainer; veRL 0.7.1's server needs no patch).
 
     python apply_patches.py            # check versions, hashes and that this interpreter imports agentboost; patch
     python apply_patches.py --check    # report; exit 1 unless everything is patched, unedited and importable

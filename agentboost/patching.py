@@ -8,10 +8,17 @@ its end; the block imports the adapter from ``modified_rllm_files`` / ``modified
     ...
     # <<< agentboost adapter <<<
 
-* The installed versions are checked first (rLLM 0.2.1 - the v0.2.1.post1 tag reports 0.2.1 - and veRL
-  0.6.1) and so is every target file's sha256 against the upstream files the adapters were written
-  for; on a mismatch nothing is changed (``--force`` accepts unknown file contents of a supported
-  version, never an unsupported version).
+Supported stacks (:data:`STACKS`; anything else is refused, naming these):
+
+* rLLM v0.2.1.post1 (reports 0.2.1) + veRL 0.6.1: rLLM's ``agent_execution_engine.py`` and
+  ``agent_ppo_trainer.py`` and veRL's ``vllm_async_server.py`` (0.6.1's server ignores ``max_tokens``);
+* rLLM v0.3.0-pre (reports 0.3.0rc0) + veRL 0.7.1: the same two rLLM files; veRL 0.7.1's server is left
+  alone (it honours ``max_tokens`` and reports aborts; agentboost's backend reads it as it is).
+
+* The installed versions are checked first, as a pair (an rLLM release only with the veRL it pins), and so
+  is every target file's sha256 against the upstream file the adapter was written for *in that release*;
+  on a mismatch nothing is changed (``--force`` accepts unknown file contents of a supported version, never
+  an unsupported version or a mixed pair). The vLLM version is compared with the pair's pin (a warning).
 * All targets are prepared and checked before the first write; files are replaced atomically and a
   failure part-way restores the ones already written.
 * Idempotent: a target that carries the current block is left alone; one with an older block is
@@ -23,8 +30,8 @@ its end; the block imports the adapter from ``modified_rllm_files`` / ``modified
 * The adapters must import in a fresh interpreter (this ``sys.executable``, no ``PYTHONPATH``, cwd outside the
   checkout): rLLM and veRL processes started elsewhere (Ray workers) would otherwise run upstream code.
 * ``--revert`` restores the original bytes exactly (checked against the sha256 in the marker), dropping any
-  changes made after patching; ``--check`` reports each target's state and exits non-zero unless all are
-  patched and current and the adapters import.
+  changes made after patching, whatever the installed versions; ``--check`` reports each target's state and
+  exits non-zero unless the pair is supported, all its targets are patched and current and the adapters import.
 """
 
 from __future__ import annotations
@@ -62,42 +69,182 @@ _SHOWN_LINES = 12
 _SHOWN_LINE_CHARS = 160
 
 
+class PatchError(RuntimeError):
+    pass
+
+
 @dataclass(frozen=True)
 class Target:
     dist: str
     versions: tuple[str, ...]
+    """The ``dist`` versions (as installed metadata reports them) whose file ``known_sha256`` describes."""
     module: str
     relpath: str
     adapter: str
     known_sha256: tuple[str, ...]
 
 
-TARGETS: tuple[Target, ...] = (
-    Target(
-        dist="rllm",
-        versions=("0.2.1",),
-        module="rllm.engine.agent_execution_engine",
-        relpath="rllm/engine/agent_execution_engine.py",
-        adapter="modified_rllm_files.agent_execution_engine",
-        known_sha256=("f7632728220805371b202eceb0af295188ea0bcd8eb1ce80815f50299c03c4e4",),  # v0.2.1.post1
+@dataclass(frozen=True)
+class Stack:
+    """One supported rLLM release with the veRL it pins, and the files agentboost patches in it."""
+
+    name: str
+    rllm: tuple[str, ...]
+    """Versions rLLM reports for the release (``importlib.metadata``; a tag such as v0.3.0-pre is normalised)."""
+    verl: tuple[str, ...]
+    vllm: tuple[str, str]
+    """The vLLM range the release pins (inclusive), for a warning: agentboost does not patch vLLM."""
+    targets: tuple[Target, ...]
+    unpatched: tuple[tuple[str, str], ...] = ()
+    """(dist, line): files of the stack that agentboost deliberately leaves alone, and why."""
+    note: str = ""
+    """Said when a target file is missing (a later commit that reports the same version)."""
+
+    def versions(self, dist: str) -> tuple[str, ...]:
+        return {"rllm": self.rllm, "verl": self.verl}[dist]
+
+
+DISTS = ("rllm", "verl")
+_ENGINE = (
+    "rllm",
+    "rllm.engine.agent_execution_engine",
+    "rllm/engine/agent_execution_engine.py",
+    "modified_rllm_files.agent_execution_engine",
+)
+_TRAINER = (
+    "rllm",
+    "rllm.trainer.verl.agent_ppo_trainer",
+    "rllm/trainer/verl/agent_ppo_trainer.py",
+    "modified_rllm_files.agent_ppo_trainer",
+)
+_SERVER = (
+    "verl",
+    "verl.workers.rollout.vllm_rollout.vllm_async_server",
+    "verl/workers/rollout/vllm_rollout/vllm_async_server.py",
+    "modified_verl_files.vllm_async_server",
+)
+"""The files agentboost can patch: (dist, module, path inside the installed dist, adapter module)."""
+
+
+def _stack(
+    name: str,
+    *,
+    rllm: tuple[str, ...],
+    verl: tuple[str, ...],
+    vllm: tuple[str, str],
+    files: dict[tuple[str, str, str, str], str],
+    unpatched: tuple[tuple[str, str], ...] = (),
+    note: str = "",
+) -> Stack:
+    """A stack whose targets carry the stack's versions, so a file's hash is only ever checked for its release."""
+    versions = {"rllm": rllm, "verl": verl}
+    targets = tuple(
+        Target(dist, versions[dist], module, relpath, adapter, known_sha256=(sha,))
+        for (dist, module, relpath, adapter), sha in files.items()
+    )
+    return Stack(name, rllm, verl, vllm, targets, unpatched, note)
+
+
+STACKS: tuple[Stack, ...] = (
+    _stack(
+        "rLLM v0.2.1.post1 + verl 0.6.1",
+        rllm=("0.2.1",),
+        verl=("0.6.1",),
+        vllm=("0.10.2", "0.11.0"),
+        files={
+            _ENGINE: "f7632728220805371b202eceb0af295188ea0bcd8eb1ce80815f50299c03c4e4",
+            _TRAINER: "77b0a5c79cc0844e892dae9796eac79bea06953b8ca077113172f1e147069599",
+            _SERVER: "731c21c4e240baf614ca256626f09f755360ade68e3d5fbd6669395d9e56095d",
+        },
     ),
-    Target(
-        dist="rllm",
-        versions=("0.2.1",),
-        module="rllm.trainer.verl.agent_ppo_trainer",
-        relpath="rllm/trainer/verl/agent_ppo_trainer.py",
-        adapter="modified_rllm_files.agent_ppo_trainer",
-        known_sha256=("77b0a5c79cc0844e892dae9796eac79bea06953b8ca077113172f1e147069599",),  # v0.2.1.post1
-    ),
-    Target(
-        dist="verl",
-        versions=("0.6.1",),
-        module="verl.workers.rollout.vllm_rollout.vllm_async_server",
-        relpath="verl/workers/rollout/vllm_rollout/vllm_async_server.py",
-        adapter="modified_verl_files.vllm_async_server",
-        known_sha256=("731c21c4e240baf614ca256626f09f755360ade68e3d5fbd6669395d9e56095d",),  # verl 0.6.1
+    _stack(
+        "rLLM v0.3.0-pre + verl 0.7.1",
+        rllm=("0.3.0rc0", "0.3.0.pre"),
+        verl=("0.7.1",),
+        vllm=("0.17.0", "0.17.0"),
+        files={
+            _ENGINE: "39ce9338e51d5397f6b4203c2293d4ab93f79363bfe961f1d721d84b3bf4ed82",
+            _TRAINER: "3ba101ba14e981baa0d8c4b2a5a01c9396801b82f9bb067ca1e944482670fda3",
+        },
+        unpatched=(
+            ("verl", f"{_SERVER[1]}: not patched (verl 0.7.1's server honours max_tokens and reports aborts itself)"),
+        ),
+        note=(
+            "rLLM's main branch after the v0.3.0-pre tag also reports 0.3.0rc0 but removed AgentExecutionEngine "
+            "and AgentPPOTrainer: install the tag (git+https://github.com/rllm-org/rllm.git@v0.3.0-pre)"
+        ),
     ),
 )
+"""Every rLLM + veRL pair agentboost supports, with the upstream sha256 of each file it patches there."""
+
+TARGETS: tuple[Target, ...] = tuple(t for stack in STACKS for t in stack.targets)
+"""Every (stack, file) row, as defined here (functions read :data:`STACKS` when called)."""
+
+
+def _all_targets() -> list[Target]:
+    return [t for stack in STACKS for t in stack.targets]
+
+
+def supported_text() -> str:
+    return "; ".join(f"{s.name} (rllm {' / '.join(s.rllm)}, verl {' / '.join(s.verl)})" for s in STACKS)
+
+
+def _version_in(version: str, versions: tuple[str, ...]) -> bool:
+    return version in versions or any(version.startswith(v + ".post") for v in versions)
+
+
+def stacks_for(dist: str, version: str, stacks: tuple[Stack, ...] | None = None) -> list[Stack]:
+    return [s for s in (STACKS if stacks is None else stacks) if _version_in(version, s.versions(dist))]
+
+
+def select_stack(installed: dict[str, str | None], stacks: tuple[Stack, ...] | None = None) -> Stack:
+    """The supported stack the installed rLLM and veRL belong to; refuses other versions and mixed pairs.
+
+    Every installed package counts (also with ``--only``): an rLLM release trains only on the veRL it pins.
+    """
+    stacks = STACKS if stacks is None else stacks
+    present = {dist: v for dist, v in installed.items() if v is not None}
+    if not present:
+        raise PatchError(f"neither rLLM nor veRL is installed; agentboost supports {supported_text()}")
+    unknown = [f"{dist} {v}" for dist, v in present.items() if not stacks_for(dist, v, stacks)]
+    if unknown:
+        raise PatchError(
+            f"{' and '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} installed; agentboost's adapters "
+            f"support {supported_text()}. Nothing was changed."
+        )
+    common = [s for s in stacks if all(_version_in(v, s.versions(d)) for d, v in present.items())]
+    if not common:
+        parts = [f"{dist} {v} belongs to {stacks_for(dist, v, stacks)[0].name}" for dist, v in present.items()]
+        raise PatchError(
+            f"mixed stack: {'; '.join(parts)}. An rLLM release runs only on the veRL it pins; agentboost "
+            f"supports {supported_text()}. Nothing was changed."
+        )
+    return common[0]
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The leading numeric release of a version string (``0.10.2+cu128`` -> (0, 10, 2))."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(x) for x in match.group(0).split(".")) if match else ()
+
+
+def _installed_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def warn_vllm(stack: Stack, installed: str | None) -> None:
+    """Warn when the installed vLLM is outside the stack's pin (none installed: a CPU node, nothing to say)."""
+    if installed is None:
+        return
+    low, high = stack.vllm
+    if not _release(low) <= _release(installed) <= _release(high):
+        pinned = f"=={low}" if low == high else f">={low},<={high}"
+        logger.warning("vllm %s is installed; %s pins vllm%s", installed, stack.name, pinned)
 
 
 class State(str, Enum):
@@ -109,10 +256,6 @@ class State(str, Enum):
     """Original bytes intact, but what follows them is not the block agentboost wrote (code appended or edited)."""
     DAMAGED = "damaged"
     """Carries a block, but the bytes before it are not the original they claim to be."""
-
-
-class PatchError(RuntimeError):
-    pass
 
 
 def sha256(data: bytes) -> str:
@@ -248,16 +391,18 @@ def plan(located: Located, *, revert: bool, force: bool) -> Plan:
     target = located.target
     if located.version is None:
         raise PatchError(f"{target.dist} is not installed (needed for {target.module}). Nothing was changed.")
-    supported = located.version in target.versions or any(
-        located.version.startswith(v + ".post") for v in target.versions
-    )
-    if not supported and not revert:  # reverting is always allowed
+    if not _version_in(located.version, target.versions) and not revert:  # reverting is always allowed
         raise PatchError(
-            f"{target.dist} {located.version} is installed; agentboost's adapters target {target.dist} "
-            f"{' / '.join(target.versions)}. Nothing was changed."
+            f"{target.dist} {located.version} is installed; this adapter of {target.module} targets {target.dist} "
+            f"{' / '.join(target.versions)} (agentboost supports {supported_text()}). Nothing was changed."
         )
     if located.path is None:
-        raise PatchError(f"cannot find {target.relpath} in the installed {target.dist} {located.version}")
+        notes = [s.note for s in stacks_for(target.dist, located.version) if s.note]
+        raise PatchError(
+            f"cannot find {target.relpath} in the installed {target.dist} {located.version}"
+            + (f": {notes[0]}" if notes else "")
+            + ". Nothing was changed."
+        )
     data = located.path.read_bytes()
     parsed = parse(target, data)
     state, original = parsed.state, parsed.original
@@ -419,34 +564,57 @@ def check_adapters_import(targets: list[Target] | tuple[Target, ...] = TARGETS) 
     return str(Path(found).parent)
 
 
-def _only_hint(located: list[Located], flags: str) -> str:
-    """The ``--only`` reruns that work with the packages that are installed (table-driven: any dist in TARGETS)."""
-    dists = list(dict.fromkeys(loc.target.dist for loc in located))
-    missing = {loc.target.dist for loc in located if loc.version is None}
-    present = [d for d in dists if d not in missing]
-    if not missing or not present:
+def _only_hint(installed: dict[str, str | None], flags: str) -> str:
+    """The ``--only`` reruns that work with the packages that are installed."""
+    present = [d for d in DISTS if installed.get(d) is not None]
+    if len(present) == len(DISTS) or not present:
         return ""
     return " To work on the installed packages alone: " + " / ".join(
         f"python apply_patches.py{flags} --only {d}" for d in present
     )
 
 
-def _refuse_missing(located: list[Located], flags: str) -> None:
-    missing: dict[str, list[str]] = {}
-    for loc in located:
-        if loc.version is None:
-            missing.setdefault(loc.target.dist, []).append(loc.target.module)
+def _refuse_missing(installed: dict[str, str | None], scope: tuple[str, ...], flags: str) -> None:
+    missing = [d for d in scope if installed.get(d) is None]
     if missing:
-        needed = "; ".join(f"{dist} is not installed (needed for {', '.join(mods)})" for dist, mods in missing.items())
-        raise PatchError(f"{needed}. Nothing was changed.{_only_hint(located, flags)}")
+        needed = "; ".join(f"{d} is not installed (needed for {', '.join(_modules(d))})" for d in missing)
+        raise PatchError(f"{needed}. Nothing was changed.{_only_hint(installed, flags)}")
 
 
-def _check(located: list[Located], targets: list[Target]) -> int:
-    ok = True
-    for loc in located:
+def _modules(dist: str) -> list[str]:
+    return list(dict.fromkeys(t.module for t in _all_targets() if t.dist == dist))
+
+
+def _revert_targets(scope: tuple[str, ...]) -> list[Target]:
+    """One target per file of any stack: a block is removed by its marker, whatever version is installed."""
+    seen: dict[tuple[str, str], Target] = {}
+    for target in _all_targets():
+        if target.dist in scope:
+            seen.setdefault((target.dist, target.relpath), target)
+    return list(seen.values())
+
+
+def _log_unpatched(stack: Stack | None, scope: tuple[str, ...]) -> None:
+    for dist, line in stack.unpatched if stack is not None else ():
+        if dist in scope:
+            logger.info("%s", line)
+
+
+def _check(installed: dict[str, str | None], scope: tuple[str, ...]) -> int:
+    try:
+        stack: Stack | None = select_stack({d: installed.get(d) for d in DISTS})
+    except PatchError as exc:
+        logger.error("apply_patches: %s", exc)
+        stack = None
+    if stack is not None:
+        logger.info("stack: %s", stack.name)
+        warn_vllm(stack, _installed_version("vllm"))
+    targets = [t for t in stack.targets if t.dist in scope] if stack is not None else _revert_targets(scope)
+    ok = stack is not None
+    for loc in [locate(t) for t in targets]:
         detail = ""
         if loc.version is None or loc.path is None:
-            state = "not installed"
+            state = "not installed" if loc.version is None else "missing"
         else:
             parsed = parse(loc.target, loc.path.read_bytes())
             state, detail = parsed.state.value, parsed.detail
@@ -454,9 +622,12 @@ def _check(located: list[Located], targets: list[Target]) -> int:
         logger.info("%-55s %-9s %s %s", loc.target.module, state, loc.version or "-", loc.path or "")
         if detail:
             logger.warning("  %s", detail.replace("\n", "\n  "))
-    hint = _only_hint(located, " --check")
+    _log_unpatched(stack, scope)
+    hint = _only_hint(installed, " --check")
     if hint:
         logger.info("%s", hint.strip())
+    if not targets:
+        return 0 if ok else 1
     try:
         where = check_adapters_import(targets)
     except PatchError as exc:
@@ -469,7 +640,9 @@ def _check(located: list[Located], targets: list[Target]) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="apply_patches.py",
-        description="Install agentboost's adapters into the installed rLLM v0.2.1.post1 and veRL 0.6.1.",
+        description="Install agentboost's adapters into the installed rLLM and veRL. Supported: "
+        + supported_text()
+        + ".",
     )
     action = parser.add_mutually_exclusive_group()
     action.add_argument(
@@ -479,22 +652,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--force", action="store_true", help="patch files whose contents are not the known upstream or were edited"
     )
-    parser.add_argument("--only", choices=sorted({t.dist for t in TARGETS}), help="only this package's targets")
+    parser.add_argument("--only", choices=DISTS, help="only this package's targets")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    targets = [t for t in TARGETS if args.only in (None, t.dist)]
-    located = [locate(t) for t in targets]
+    scope = DISTS if args.only is None else (args.only,)
+    installed = {d: _installed_version(d) for d in DISTS}
 
     if args.check:
-        return _check(located, targets)
+        return _check(installed, scope)
 
     try:
-        _refuse_missing(located, " --revert" if args.revert else "")
-        if not args.revert:
-            check_adapters_import(targets)
+        _refuse_missing(installed, scope, " --revert" if args.revert else "")
+        if args.revert:
+            targets = _revert_targets(scope)
+        else:
+            stack = select_stack(installed)
+            logger.info("stack: %s", stack.name)
+            warn_vllm(stack, _installed_version("vllm"))
+            _log_unpatched(stack, scope)
+            targets = [t for t in stack.targets if t.dist in scope]
+            if targets:
+                check_adapters_import(targets)
+            else:
+                logger.info("nothing to patch in %s for %s", ", ".join(scope), stack.name)
         plans: list[Plan] = []
         errors: list[str] = []
-        for loc in located:  # every target is checked, so one run reports every problem
+        for loc in [locate(t) for t in targets]:  # every target is checked, so one run reports every problem
             try:
                 plans.append(plan(loc, revert=args.revert, force=args.force))
             except PatchError as exc:

@@ -1,4 +1,4 @@
-"""Adapter for rLLM v0.2.1.post1's ``rllm/engine/agent_execution_engine.py``.
+"""Adapter for ``rllm/engine/agent_execution_engine.py`` of rLLM v0.2.1.post1 and v0.3.0-pre.
 
 ``apply_patches.py`` appends a marked block to that module that calls :func:`install` with the
 module's globals. :func:`install` replaces the module's ``AsyncAgentExecutionEngine`` (the name rLLM's
@@ -11,13 +11,21 @@ For Strands batches on the ``verl`` engine:
 * the episodes run through :func:`agentboost.rollout.run_episode` with ``TokenModel`` talking token
   ids to veRL's rollout servers (:class:`~agentboost.backends.verl_server.VerlServerBackend` over
   ``AgentLoopManager.server_handles``): no chat-parser re-rendering, no re-tokenisation;
-* the servers are woken (weights synced) before and put to sleep after every rollout phase, also when
-  the phase fails;
+* rLLM's ``VerlEngine.wake_up()`` / ``sleep()`` run around every rollout phase, also when the phase
+  fails. On v0.2.1.post1 (veRL 0.6.1) they wake the replicas (weights synced) and put them to sleep.
+  On v0.3.0-pre (veRL 0.7.1) ``VerlEngine`` no longer has them (``RolloutEngine``'s no-ops): the
+  trainer syncs weights with ``checkpoint_manager.update_weights(step)`` at start and after every
+  actor update, and the replicas stay awake between phases, exactly as on rLLM's own path (calling a
+  replica's ``wake_up`` there would fail: veRL 0.7.1 refuses it in hybrid mode);
 * sticky routing: every call of an episode, and the members of a GRPO group while their server is not
   overloaded, go to one server; new groups to the least-loaded one;
 * sampling from the config (train: ``actor_rollout_ref.rollout``; validation: ``val_kwargs``);
 * every episode yields a row: failed, timed-out and overflowing episodes are typed, masked and
   zero-reward (see :mod:`agentboost.integration`).
+
+The constructor, ``rollout_engine.rollout_manager.server_handles``, ``envs``/``agents`` and the
+``trajectory_generator``/``execute_tasks`` signatures are the same in both releases, so there is no
+version branch here (``apply_patches.py`` checks each release's file by its own hash).
 
 ``trajectory_generator(mode="Token")`` yields rLLM's Token dicts (plus ``rollout_log_probs`` and the
 ``episode``), so the unmodified rLLM trainer can consume them; the adapted trainer calls
@@ -81,7 +89,7 @@ def install(ns: dict[str, Any]) -> bool:
     if "AsyncAgentExecutionEngine" not in ns:
         raise RuntimeError(
             "agentboost: rLLM's agent_execution_engine lacks AsyncAgentExecutionEngine; this adapter targets "
-            "rLLM v0.2.1.post1 (run `python apply_patches.py --revert`)"
+            "rLLM v0.2.1.post1 / v0.3.0-pre (run `python apply_patches.py --revert`)"
         )
     base = ns["AsyncAgentExecutionEngine"]
     if getattr(base, MARK, False):

@@ -1,4 +1,4 @@
-"""Adapter for rLLM v0.2.1.post1's ``rllm/trainer/verl/agent_ppo_trainer.py``.
+"""Adapter for ``rllm/trainer/verl/agent_ppo_trainer.py`` of rLLM v0.2.1.post1 and v0.3.0-pre.
 
 ``apply_patches.py`` appends a marked block to that module that calls :func:`install` with the
 module's globals. :func:`install` replaces the module's ``AgentPPOTrainer`` (the name rLLM's
@@ -25,6 +25,14 @@ their module-level names. rLLM's loop itself is not copied or rewritten. For Str
   episodes are 0 and count in rLLM's ``val/test_score`` denominators.
 
 Any other agent class goes through rLLM's own code paths unchanged.
+
+What this adapter touches is the same in both releases (the class and its ``init_workers``,
+``generate_agent_trajectory``, ``_validate_agent``, ``_pad_dataproto_to_world_size``; the module names
+``compute_advantage``, ``compute_data_metrics``, ``DataProto``; ``actor_rollout_wg.update_actor``), so
+there is no version branch. v0.3.0-pre's ``fit_agent`` no longer pops ``input_ids``/``attention_mask``/
+``position_ids`` from the data batch before its union with ours: veRL 0.7.1's dataset yields only a
+``dummy_tensor``, so the union holds; it syncs weights with ``checkpoint_manager.update_weights`` after
+the update (also after a skipped one: the same weights again).
 """
 
 from __future__ import annotations
@@ -102,8 +110,8 @@ def install(ns: dict[str, Any]) -> bool:
     missing = [n for n in ("AgentPPOTrainer", "compute_advantage", "compute_data_metrics", "DataProto") if n not in ns]
     if missing:
         raise RuntimeError(
-            f"agentboost: rLLM's agent_ppo_trainer lacks {missing}; this adapter targets rLLM v0.2.1.post1 "
-            "(run `python apply_patches.py --revert`)"
+            f"agentboost: rLLM's agent_ppo_trainer lacks {missing}; this adapter targets rLLM v0.2.1.post1 / "
+            "v0.3.0-pre (run `python apply_patches.py --revert`)"
         )
     base = ns["AgentPPOTrainer"]
     if getattr(base, MARK, False):

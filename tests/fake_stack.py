@@ -1,4 +1,5 @@
-"""Faithful fakes of the rLLM v0.2.1.post1 / veRL 0.6.1 interfaces the adapters hook into.
+"""Faithful fakes of the rLLM v0.2.1.post1 / veRL 0.6.1 and rLLM v0.3.0-pre / veRL 0.7.1 interfaces the
+adapters hook into.
 
 Each fake mirrors what the adapter touches in the real source (read from the tagged releases):
 
@@ -13,6 +14,29 @@ Each fake mirrors what the adapter touches in the real source (read from the tag
   ``agent_args``, ``env_args``, ``envs``, ``agents``, ``tokenizer``, ``config``, ``engine_name``,
   ``n_parallel_agents`` and ``rollout_engine`` (rLLM's ``VerlEngine``: ``rollout_manager.server_handles``,
   async ``wake_up()``/``sleep()`` over the replicas).
+
+rLLM v0.3.0-pre (tag ``v0.3.0-pre``, commit 09567646) with veRL 0.7.1, where they differ (the rest is as above):
+
+* veRL 0.7.1 ``vllm_async_server.vLLMHttpServer`` (used unpatched): ``generate(prompt_ids,
+  sampling_params, request_id, image_data=None, video_data=None, priority=0)`` raises ``ValueError`` when
+  the prompt exceeds ``config.max_model_len``; takes ``max_tokens`` (else ``max_new_tokens``, else
+  ``min(response_length, prompt_length + response_length - len(prompt))``) and clamps it to
+  ``[0, max_model_len - len(prompt)]`` (vLLM refuses 0: "max_tokens must be at least 1, got 0.");
+  returns ``replica.TokenOutput(token_ids, log_probs, routed_experts, stop_reason, num_preempted,
+  extra_fields)`` with ``stop_reason`` ``"aborted"`` for vLLM's ``abort``, ``"completed"`` for ``stop`` *and*
+  ``length``, else vLLM's finish reason, and ``extra_fields={"global_steps": self.global_steps}`` (None until
+  ``set_global_steps``); ``wake_up`` raises ``ValueError`` in hybrid mode (weights are synced by the
+  trainer's ``CheckpointEngineManager.update_weights``), ``sleep`` frees memory.
+* ``AgentLoopManager``: ``server_handles``, ``server_addresses``, ``global_load_balancer``,
+  ``rollout_replicas``; ``CheckpointEngineManager.update_weights(global_steps)`` (through the workers'
+  ``update_weights`` the servers' ``set_global_steps``) and ``sleep_replicas()``.
+* rLLM's ``VerlEngine``: builds ``AsyncLLMServerManager(config, servers=zip(addresses, handles),
+  load_balancer_handle=...)``, keeps ``rollout_manager``; its ``wake_up``/``sleep`` are ``RolloutEngine``'s
+  no-ops. ``AsyncAgentExecutionEngine``'s constructor and fields are unchanged.
+* ``AgentPPOTrainer``: its constructor no longer passes the reward functions to ``RayPPOTrainer``;
+  ``fit_agent`` unions the data batch (veRL 0.7.1's dataset: only ``dummy_tensor`` plus non-tensors) with
+  the generated one without popping anything, and calls ``checkpoint_manager.update_weights`` after the
+  actor update. The methods the adapter overrides keep their signatures.
 
 The "model" behind the fake vLLM engine is :class:`agentboost.testing.instant.InstantPolicy`.
 """
@@ -78,7 +102,7 @@ class FakeVLLMEngine:
         """End every generation early with vLLM's ``abort`` (preemption, engine shutdown)."""
 
     async def generate(self, *, prompt: FakeTokensPrompt, sampling_params: FakeSamplingParams, request_id: str,
-                       lora_request: Any = None):  # fmt: skip
+                       lora_request: Any = None, priority: int = 0):  # fmt: skip
         self.requests.append((request_id, sampling_params, len(prompt.prompt_token_ids)))
         request = GenerationRequest(
             prompt_ids=list(prompt.prompt_token_ids), sampling=ABSampling(), max_tokens=10**6, request_id=request_id
@@ -170,13 +194,16 @@ class FakeMethod:
 
 
 class FakeActorHandle:
-    """A Ray actor handle over a local server object."""
+    """A Ray actor handle over a local server object (every method as ``handle.method.remote(...)``)."""
 
     def __init__(self, server: Any) -> None:
         self.server = server
         self.generate = FakeMethod(server.generate)
         self.wake_up = FakeMethod(server.wake_up)
         self.sleep = FakeMethod(server.sleep)
+
+    def __getattr__(self, name: str) -> FakeMethod:
+        return FakeMethod(getattr(self.server, name))
 
 
 class FakeReplica:
@@ -207,7 +234,129 @@ class FakeVerlEngine:
         await asyncio.gather(*[r.sleep() for r in self.rollout_manager.rollout_replicas])
 
 
-def engine_namespace(handles: list[FakeActorHandle]) -> dict[str, Any]:
+# -- veRL 0.7.1 / rLLM v0.3.0-pre -----------------------------------------------------------------------
+class TokenOutput071(BaseModel):  # verl/workers/rollout/replica.py
+    token_ids: list[int]
+    log_probs: list[float] | None = None
+    routed_experts: Any = None
+    stop_reason: str | None = None
+    num_preempted: int | None = None
+    extra_fields: dict[str, Any] = {}
+
+
+class FakeServer071:
+    """veRL 0.7.1's ``vLLMHttpServer`` in hybrid mode, unpatched (semantics in the module docstring)."""
+
+    def __init__(self, tokenizer: Any, prompt_length: int = 512, response_length: int = 256) -> None:
+        self.config = FakeConfig(prompt_length + response_length)
+        self.config.prompt_length, self.config.response_length = prompt_length, response_length
+        self.model_config = SimpleNamespace(processor=None, lora_rank=0)
+        self.engine = FakeVLLMEngine(tokenizer)
+        self.global_steps: int | None = None
+        self.slept = 0
+
+    async def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None, priority=0):
+        max_possible = self.config.max_model_len - len(prompt_ids)
+        if max_possible < 0:
+            raise ValueError(f"Prompt length ({len(prompt_ids)}) exceeds the model's maximum context length "
+                             f"({self.config.max_model_len}).")  # fmt: skip
+        if "max_tokens" in sampling_params:
+            max_tokens = sampling_params.pop("max_tokens")
+        elif "max_new_tokens" in sampling_params:
+            max_tokens = sampling_params.pop("max_new_tokens")
+        else:
+            max_tokens = min(self.config.response_length,
+                             self.config.prompt_length + self.config.response_length - len(prompt_ids))  # fmt: skip
+        max_tokens = max(0, min(max_tokens, max_possible))
+        sampling_params["logprobs"] = 0 if sampling_params.pop("logprobs", False) else None
+        sampling_params.setdefault("repetition_penalty", self.config.get("repetition_penalty", 1.0))
+        params = FakeSamplingParams(max_tokens=max_tokens, **sampling_params)
+        final = None
+        async for out in self.engine.generate(prompt=FakeTokensPrompt(prompt_ids), sampling_params=params,
+                                              request_id=request_id, lora_request=None, priority=priority):  # fmt: skip
+            final = out
+        assert final is not None
+        completion = final.outputs[0]
+        ids = completion.token_ids
+        lps = [d[ids[i]].logprob for i, d in enumerate(completion.logprobs)] if params.logprobs is not None else None
+        finish = completion.finish_reason
+        stop_reason = "aborted" if finish == "abort" else "completed" if finish in ("stop", "length") else finish
+        return TokenOutput071(token_ids=ids, log_probs=lps, stop_reason=stop_reason,
+                              extra_fields={"global_steps": self.global_steps})  # fmt: skip
+
+    async def wake_up(self):
+        raise ValueError("wake_up not support rollout_mode RolloutMode.HYBRID")
+
+    async def sleep(self):
+        self.slept += 1
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+
+class FakeLoadBalancer:
+    """veRL 0.7.1's ``GlobalRequestLoadBalancer`` actor (rLLM's own path acquires servers through it)."""
+
+    def __init__(self) -> None:
+        self.acquired: list[str] = []
+
+    async def _acquire(self, request_id: str) -> str:
+        self.acquired.append(request_id)
+        return "addr-0"
+
+    @property
+    def acquire_server(self) -> FakeMethod:
+        return FakeMethod(self._acquire)
+
+
+def agent_loop_manager_071(handles: list[FakeActorHandle]) -> SimpleNamespace:
+    """veRL 0.7.1's ``AgentLoopManager`` as rLLM v0.3.0-pre's ``VerlEngine`` reads it."""
+    return SimpleNamespace(
+        server_handles=handles,
+        server_addresses=[f"addr-{i}" for i in range(len(handles))],
+        global_load_balancer=FakeLoadBalancer(),
+        rollout_replicas=[FakeReplica(h) for h in handles],
+    )
+
+
+class FakeCheckpointManager071:
+    """veRL 0.7.1's ``CheckpointEngineManager`` (naive backend, hybrid): the trainer pushes weights into the
+    replicas (the new worker implementation also tells the servers the step); ``sleep_replicas`` frees them."""
+
+    def __init__(self, handles: list[FakeActorHandle]) -> None:
+        self.handles = handles
+        self.updates: list[int] = []
+
+    def update_weights(self, global_steps: int) -> None:
+        self.updates.append(global_steps)
+        for handle in self.handles:
+            handle.server.global_steps = global_steps
+
+    def sleep_replicas(self) -> None:
+        for handle in self.handles:
+            handle.server.slept += 1
+
+
+class FakeVerlEngine030:
+    """rLLM v0.3.0-pre's ``VerlEngine``: wake_up/sleep are ``RolloutEngine``'s no-ops (calls recorded here)."""
+
+    def __init__(self, manager: SimpleNamespace) -> None:
+        self.rollout_manager = manager
+        self.server_manager = dict(zip(manager.server_addresses, manager.server_handles, strict=True))
+        self.phases: list[str] = []
+
+    async def wake_up(self) -> None:
+        self.phases.append("wake_up")
+
+    async def sleep(self) -> None:
+        self.phases.append("sleep")
+
+
+RELEASES = ("0.2.1", "0.3.0rc0")
+"""rLLM releases the fakes cover (as installed metadata reports them: v0.2.1.post1, v0.3.0-pre)."""
+
+
+def engine_namespace(handles: list[FakeActorHandle], release: str = "0.2.1") -> dict[str, Any]:
     class AsyncAgentExecutionEngine:  # the constructor arguments rLLM's trainer passes, and what it stores
         upstream_calls: list[str] = []
 
@@ -222,7 +371,10 @@ def engine_namespace(handles: list[FakeActorHandle]) -> dict[str, Any]:
             self.n_parallel_agents = n_parallel_agents
             self.envs: list[Any] = []
             self.agents: list[Any] = []
-            self.rollout_engine = FakeVerlEngine(handles) if engine_name == "verl" else None
+            self.rollout_engine = None
+            if engine_name == "verl":
+                self.rollout_engine = (FakeVerlEngine(handles) if release == "0.2.1"
+                                       else FakeVerlEngine030(agent_loop_manager_071(handles)))  # fmt: skip
 
         def update_envs_and_agents(self, envs, agents):
             for idx, env in enumerate(envs):
@@ -271,15 +423,22 @@ def adapted_server(tokenizer: Any, max_model_len: int = 1024) -> Any:
     return ns["vLLMHttpServerBase"](tokenizer, max_model_len)
 
 
-def make_engine(tokenizer: Any, n_servers: int = 2, config: dict | None = None, **kwargs: Any) -> tuple[Any, list]:
-    """An adapted execution engine over ``n_servers`` adapted fake rollout servers."""
+def make_engine(tokenizer: Any, n_servers: int = 2, config: dict | None = None, release: str = "0.2.1",
+                **kwargs: Any) -> tuple[Any, list]:  # fmt: skip
+    """An adapted execution engine over ``n_servers`` fake rollout servers of the release's veRL (0.6.1:
+    adapted by agentboost; 0.7.1: as upstream ships it, weights already pushed for step 1)."""
     from agentboost import StrandsAgent
     from agentboost.environments.arithmetic import ArithmeticEnv
     from modified_rllm_files import agent_execution_engine as engine_adapter
 
-    servers = [adapted_server(tokenizer) for _ in range(n_servers)]
+    if release == "0.2.1":
+        servers = [adapted_server(tokenizer) for _ in range(n_servers)]
+    else:
+        servers = [FakeServer071(tokenizer) for _ in range(n_servers)]
     handles = [FakeActorHandle(s) for s in servers]
-    ns = engine_namespace(handles)
+    if release != "0.2.1":
+        FakeCheckpointManager071(handles).update_weights(1)
+    ns = engine_namespace(handles, release)
     assert engine_adapter.install(ns) is True and engine_adapter.install(ns) is False
     cls = ns["AsyncAgentExecutionEngine"]
     assert cls.__name__ == "AsyncAgentExecutionEngine" and issubclass(cls, ns["UpstreamAsyncAgentExecutionEngine"])
@@ -325,8 +484,14 @@ class FakeDataProto:
         return len(next(iter(self.batch.values())))
 
     def union(self, other: FakeDataProto) -> FakeDataProto:
+        """veRL's union: a key on both sides must hold equal values (tensors: ``equal``)."""
         for key in other.non_tensor_batch:
             assert key not in self.non_tensor_batch, f"union conflict on {key}"
+        for key, value in other.batch.items():
+            mine = dict.get(self.batch, key)
+            assert mine is None or (mine.shape == value.shape and bool((mine == value).all())), (
+                f"{key} in tensor_dict1 and tensor_dict2 are not the same object"
+            )
         self.batch.update(other.batch)
         self.non_tensor_batch.update(other.non_tensor_batch)
         return self
@@ -376,7 +541,9 @@ def compute_data_metrics(batch: FakeDataProto, use_critic: bool = False) -> dict
     scores = batch.batch["token_level_scores"].sum(-1)[kept]
     metrics = {"critic/score/mean": float(scores.mean()), "critic/score/max": float(torch.max(scores))}
     if "advantages" in batch.batch.keys():  # noqa: SIM118 - TensorDict refuses `in`
-        metrics["critic/advantages/max"] = float(torch.max(torch.masked_select(batch.batch["advantages"], response_mask)))
+        metrics["critic/advantages/max"] = float(
+            torch.max(torch.masked_select(batch.batch["advantages"], response_mask))
+        )
     return metrics
 
 
@@ -395,14 +562,17 @@ class FakeWorkerGroup:
     update_critic = update_actor
 
 
-def trainer_namespace() -> dict[str, Any]:
+def trainer_namespace(release: str = "0.2.1") -> dict[str, Any]:
     import numpy as np
 
     class AgentPPOTrainer:
         """rLLM's trainer: the constructor state and the methods the adapter overrides or calls."""
 
-        def __init__(self, config, tokenizer, agent_class=None, env_class=None, engine=None, world_size=4):
+        def __init__(self, config, tokenizer, agent_class=None, env_class=None, engine=None, world_size=4,
+                     reward_fn=None, val_reward_fn=None):  # fmt: skip
             self.config, self.tokenizer = config, tokenizer
+            if release != "0.2.1":  # v0.3.0-pre: set after RayPPOTrainer.__init__, which no longer takes them
+                self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
             self.agent_class, self.env_class = agent_class, env_class
             self.agent_execution_engine = engine
             self.world_size = world_size

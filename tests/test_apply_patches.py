@@ -1,4 +1,5 @@
-"""apply_patches.py on a fake installed tree: rLLM and veRL dist-info + the three target modules."""
+"""apply_patches.py on a fake installed tree: rLLM and veRL dist-info + the target modules, for each supported
+stack (rLLM v0.2.1.post1 + veRL 0.6.1, rLLM v0.3.0-pre + veRL 0.7.1), mixed pairs and other versions."""
 
 from __future__ import annotations
 
@@ -43,8 +44,11 @@ class vLLMHttpServerBase:
 '''
 
 
-def make_tree(root: Path, rllm_version: str | None = "0.2.1", verl_version: str | None = "0.6.1") -> dict[str, Path]:
-    """Fake installs (a version of None leaves that package out)."""
+def make_tree(
+    root: Path, rllm_version: str | None = "0.2.1", verl_version: str | None = "0.6.1", *, rllm_files: bool = True
+) -> dict[str, Path]:
+    """Fake installs (a version of None leaves that package out). Each release's files differ (a version line),
+    as the real ones do; ``rllm_files=False`` is an rLLM without the legacy engine and trainer (main after the tag)."""
     versions = {"rllm": rllm_version, "verl": verl_version}
     files = {
         "rllm/engine/agent_execution_engine.py": ENGINE,
@@ -52,9 +56,11 @@ def make_tree(root: Path, rllm_version: str | None = "0.2.1", verl_version: str 
         "verl/workers/rollout/vllm_rollout/vllm_async_server.py": SERVER,
     }
     paths = {}
-    for rel, text in files.items():
-        if versions[rel.split("/")[0]] is None:
+    for rel, upstream in files.items():
+        dist = rel.split("/")[0]
+        if versions[dist] is None or (dist == "rllm" and not rllm_files):
             continue
+        text = upstream if versions[dist] in ("0.2.1", "0.6.1") else upstream + f"# fake {dist} {versions[dist]}\n"
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         for parent in path.relative_to(root).parents:
@@ -188,7 +194,7 @@ def test_a_failed_write_rolls_back_the_targets_already_written(tmp_path, monkeyp
     originals = {rel: p.read_bytes() for rel, p in paths.items()}
     plans = [
         patching.plan(patching.Located(t, v, paths[t.relpath]), revert=False, force=True)
-        for t, v in zip(patching.TARGETS, ("0.2.1", "0.2.1", "0.6.1"), strict=True)
+        for t, v in zip(patching.STACKS[0].targets, ("0.2.1", "0.2.1", "0.6.1"), strict=True)
     ]
     real = patching._write_atomic
     calls = {"n": 0}
@@ -221,12 +227,18 @@ def test_patched_module_still_imports_without_agentboost(tmp_path) -> None:
     assert paths
 
 
-def known_upstream(monkeypatch, root: Path, paths: dict[str, Path]) -> None:
-    """The fake files become the known upstream ones (so --force is not needed) and the fake tree is importable."""
-    targets = tuple(
-        dataclasses.replace(t, known_sha256=(patching.sha256(paths[t.relpath].read_bytes()),)) for t in patching.TARGETS
-    )
-    monkeypatch.setattr(patching, "TARGETS", targets)
+def known_upstream(monkeypatch, root: Path, paths: dict[str, Path], stack: int | None = None) -> None:
+    """The fake files become the known upstream ones of every stack, or of ``stack`` only (so --force is not
+    needed), and the fake tree is importable."""
+
+    def known(s: patching.Stack) -> patching.Stack:
+        targets = tuple(
+            dataclasses.replace(t, known_sha256=(patching.sha256(paths[t.relpath].read_bytes()),)) for t in s.targets
+        )
+        return dataclasses.replace(s, targets=targets)
+
+    stacks = tuple(known(s) if stack in (None, i) else s for i, s in enumerate(patching.STACKS))
+    monkeypatch.setattr(patching, "STACKS", stacks)
     monkeypatch.syspath_prepend(str(root))
 
 
@@ -321,3 +333,132 @@ def test_a_missing_package_error_names_the_only_rerun(tmp_path, absent: str, pre
     assert f"--revert --only {present}" in result.stderr
     assert snapshot(tmp_path) == before
     assert run(tmp_path, "--revert", "--only", present).returncode == 0
+
+
+# -- rLLM v0.3.0-pre + veRL 0.7.1, mixed pairs, other versions -------------------------------------------------
+RLLM_030, VERL_071 = "0.3.0rc0", "0.7.1"  # what the v0.3.0-pre tag and verl 0.7.1 report as installed versions
+SERVER_REL = "verl/workers/rollout/vllm_rollout/vllm_async_server.py"
+
+
+def states(caplog) -> dict[str, str]:
+    """The state column of --check's target rows."""
+    rows = [line.split() for line in caplog.messages if line.startswith(("rllm.", "verl."))]
+    return {row[0]: row[1] for row in rows if not row[0].endswith(":")}
+
+
+def test_rllm030_stack_patches_rllm_only_and_reverts_byte_for_byte(tmp_path, monkeypatch, caplog) -> None:
+    paths = make_tree(tmp_path, RLLM_030, VERL_071)
+    originals = {rel: p.read_bytes() for rel, p in paths.items()}
+    known_upstream(monkeypatch, tmp_path, paths)
+    caplog.set_level(logging.INFO, logger="agentboost.patching")
+    assert patching.main(["--check"]) == 1
+    assert states(caplog) == {
+        "rllm.engine.agent_execution_engine": "clean",
+        "rllm.trainer.verl.agent_ppo_trainer": "clean",
+    }
+    assert "verl.workers.rollout.vllm_rollout.vllm_async_server: not patched" in caplog.text
+
+    caplog.clear()
+    assert patching.main([]) == 0
+    assert "stack: rLLM v0.3.0-pre + verl 0.7.1" in caplog.text
+    assert "verl 0.7.1's server honours max_tokens" in caplog.text
+    assert paths[SERVER_REL].read_bytes() == originals[SERVER_REL]  # veRL 0.7.1 is left alone
+    assert not Path(str(paths[SERVER_REL]) + patching.BACKUP_SUFFIX).exists()
+    for rel in ("rllm/engine/agent_execution_engine.py", "rllm/trainer/verl/agent_ppo_trainer.py"):
+        data = paths[rel].read_bytes()
+        assert data.startswith(originals[rel]) and data.count(patching.BEGIN.encode()) == 1
+        assert Path(str(paths[rel]) + patching.BACKUP_SUFFIX).read_bytes() == originals[rel]
+    patched = snapshot(tmp_path)
+
+    caplog.clear()
+    assert patching.main(["--check"]) == 0
+    assert set(states(caplog).values()) == {"patched"} and len(states(caplog)) == 2
+    caplog.clear()
+    assert patching.main([]) == 0 and caplog.text.count("already patched") == 2  # idempotent
+    assert snapshot(tmp_path) == patched
+
+    code = (
+        "import rllm.engine.agent_execution_engine as e, rllm.trainer.verl.agent_ppo_trainer as t\n"
+        "assert e.AsyncAgentExecutionEngine is not e.UpstreamAsyncAgentExecutionEngine\n"
+        "assert issubclass(t.AgentPPOTrainer, t.UpstreamAgentPPOTrainer)\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.stdout.strip() == "ok", out.stderr
+
+    assert patching.main(["--revert"]) == 0
+    assert {rel: p.read_bytes() for rel, p in paths.items()} == originals
+    assert not any(Path(str(p) + patching.BACKUP_SUFFIX).exists() for p in paths.values())
+    assert patching.main(["--only", "verl"]) == 0  # nothing of veRL 0.7.1 to patch
+    assert {rel: p.read_bytes() for rel, p in paths.items()} == originals
+
+
+def test_each_release_is_checked_against_its_own_files(tmp_path, monkeypatch, caplog) -> None:
+    """The same path is a different file in each release: the v0.2.1.post1 engine under rLLM 0.3.0rc0 is refused."""
+    paths = make_tree(tmp_path)  # v0.2.1.post1's (fake) files
+    known_upstream(monkeypatch, tmp_path, paths, stack=0)
+    for dist, version in (("rllm", RLLM_030), ("verl", VERL_071)):
+        info = next(tmp_path.glob(f"{dist}-*.dist-info"))
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    before = snapshot(tmp_path)
+    caplog.set_level(logging.INFO, logger="agentboost.patching")
+    assert patching.main([]) == 2
+    assert caplog.text.count("is not the upstream file the adapter was written for") == 2
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize(
+    ("rllm", "verl", "expected"),
+    [
+        (RLLM_030, "0.6.1", "mixed stack: rllm 0.3.0rc0 belongs to rLLM v0.3.0-pre + verl 0.7.1; verl 0.6.1 belongs"),
+        ("0.2.1", VERL_071, "mixed stack: rllm 0.2.1 belongs to rLLM v0.2.1.post1 + verl 0.6.1; verl 0.7.1 belongs"),
+        ("0.2.0", "0.6.1", "rllm 0.2.0 is installed"),
+        (RLLM_030, "0.9.1", "verl 0.9.1 is installed"),
+        ("0.3.1", None, "rllm 0.3.1 is installed"),
+    ],
+)
+def test_other_versions_and_mixed_pairs_are_refused_naming_the_supported_ones(
+    tmp_path, rllm: str, verl: str | None, expected: str
+) -> None:
+    make_tree(tmp_path, rllm, verl)
+    before = snapshot(tmp_path)
+    flags = ("--force",) if verl is not None else ("--force", "--only", "rllm")
+    for args in (flags, ("--force", "--only", "rllm"), ("--check",)):
+        result = run(tmp_path, *args)
+        assert result.returncode == (1 if args == ("--check",) else 2), (args, result.stderr)
+        assert expected in result.stderr, result.stderr
+        for name in ("rLLM v0.2.1.post1 + verl 0.6.1 (rllm 0.2.1, verl 0.6.1)",
+                     "rLLM v0.3.0-pre + verl 0.7.1 (rllm 0.3.0rc0 / 0.3.0.pre, verl 0.7.1)"):  # fmt: skip
+            assert name in result.stderr
+    assert snapshot(tmp_path) == before
+    assert run(tmp_path, *(("--revert",) if verl else ("--revert", "--only", "rllm"))).returncode == 0  # always
+
+
+def test_rllm_main_after_the_tag_is_refused_with_the_reason(tmp_path) -> None:
+    """rLLM's main branch after v0.3.0-pre also reports 0.3.0rc0 but has no AgentExecutionEngine/AgentPPOTrainer."""
+    make_tree(tmp_path, RLLM_030, VERL_071, rllm_files=False)
+    before = snapshot(tmp_path)
+    result = run(tmp_path, "--force")
+    assert result.returncode == 2
+    assert "cannot find rllm/engine/agent_execution_engine.py in the installed rllm 0.3.0rc0" in result.stderr
+    assert "removed AgentExecutionEngine and AgentPPOTrainer" in result.stderr and "@v0.3.0-pre" in result.stderr
+    assert snapshot(tmp_path) == before
+    check = run(tmp_path, "--check")
+    assert check.returncode == 1 and "missing" in check.stderr
+
+
+def test_vllm_outside_the_pairs_pin_is_named(caplog) -> None:
+    old, new = patching.STACKS
+    caplog.set_level(logging.WARNING, logger="agentboost.patching")
+    for stack, fine in ((old, ("0.10.2", "0.11.0", "0.10.2+cu128")), (new, ("0.17.0", None))):
+        for version in fine:
+            patching.warn_vllm(stack, version)
+    assert caplog.messages == []
+    patching.warn_vllm(old, "0.11.1")
+    patching.warn_vllm(new, "0.22.1")
+    assert caplog.messages == [
+        "vllm 0.11.1 is installed; rLLM v0.2.1.post1 + verl 0.6.1 pins vllm>=0.10.2,<=0.11.0",
+        "vllm 0.22.1 is installed; rLLM v0.3.0-pre + verl 0.7.1 pins vllm==0.17.0",
+    ]

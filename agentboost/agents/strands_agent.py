@@ -178,16 +178,16 @@ class StrandsAgent(BaseAgent):
             message = episode.messages[call.message_index] if in_range else {}
             text = "".join(b.get("text", "") for b in message.get("content", []) if isinstance(b, dict))
             actions = [b["toolUse"] for b in message.get("content", []) if isinstance(b, dict) and "toolUse" in b]
-            trajectory.steps.append(
-                Step(
-                    prompt_ids=list(context),
-                    response_ids=list(seg.token_ids),
-                    logprobs=list(seg.logprobs or []),
-                    model_response=text,
-                    action=copy.deepcopy(actions) or None,
-                    info={"finish_reason": call.finish_reason, "call": call.index},
-                )
+            step = Step(
+                prompt_ids=list(context),
+                response_ids=list(seg.token_ids),
+                logprobs=list(seg.logprobs or []),
+                model_response=text,
+                action=copy.deepcopy(actions) or None,
             )
+            # assigned, not passed: rLLM v0.3.0-pre's pydantic Step has ``info`` as a property and drops the kwarg
+            step.info = {"finish_reason": call.finish_reason, "call": call.index}
+            trajectory.steps.append(step)
             context.extend(seg.token_ids)
         if trajectory.steps:
             trajectory.steps[-1].reward = episode.reward

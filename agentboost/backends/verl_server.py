@@ -9,6 +9,11 @@ Upstream 0.6.1 ``generate`` ignores the requested ``max_tokens`` (it always gene
 (installed by ``apply_patches.py``) fixes both and adds the weight version that served the request.
 Against an unpatched server this backend refuses over-long replies instead of silently cutting them.
 
+verl 0.7.1 (rLLM v0.3.0-pre's pin) is used unpatched: its ``generate`` honours ``max_tokens`` (clamped
+to the room left), reports ``stop_reason`` ``"completed"`` for both of vLLM's ``stop`` and ``length``
+(so those are derived from the tokens) and ``"aborted"`` for an abort (an infrastructure error), and
+the weights' ``global_steps`` in ``extra_fields`` (the weight version).
+
 Routing: every call of an episode goes to the same replica (its prefix is cached there); a new
 episode joins its GRPO group's replica unless that one is overloaded, else the least-loaded one.
 """
@@ -26,7 +31,11 @@ from .routing import StickyRouter
 
 logger = logging.getLogger(__name__)
 
-_CONTEXT_MARKERS = ("maximum model length", "max_model_len", "context length", "longer than", "too long")
+_CONTEXT_MARKERS = ("maximum model length", "max_model_len", "context length", "longer than", "too long",
+                    "max_tokens must be at least 1")  # fmt: skip
+"""verl 0.7.1 clamps max_tokens to the room left: a prompt that fills the context asks vLLM for 0 tokens."""
+VERL_COMPLETED = "completed"
+"""verl >= 0.7's ``TokenOutput.stop_reason`` for both of vLLM's ``stop`` and ``length``: says nothing about which."""
 
 
 class VerlServerBackend:
@@ -101,17 +110,31 @@ class VerlServerBackend:
                 f"the rollout server returned {len(token_ids)} tokens for max_tokens={request.max_tokens}: "
                 "verl 0.6.1's server ignores max_tokens; run `python apply_patches.py`"
             )
-        reported = getattr(output, "finish_reason", None)
+        reported, stop_reason, weight_version = server_report(output)
         finish = derive_finish_reason(reported, token_ids, request, where=f"rollout server {server}")
         log_probs = getattr(output, "log_probs", None)
         return GenerationResult(
             token_ids=token_ids,
             logprobs=[float(x) for x in log_probs] if log_probs is not None else None,
             finish_reason=finish,
-            stop_reason=getattr(output, "stop_reason", None),
+            stop_reason=stop_reason,
             server=f"replica-{server}",
-            weight_version=getattr(output, "weight_version", None),
+            weight_version=weight_version,
         )
+
+
+def server_report(output: Any) -> tuple[Any, Any, Any]:
+    """(finish reason, vLLM stop reason, weight version) of a server's ``TokenOutput``.
+
+    verl 0.6.1 adapted by agentboost reports vLLM's own finish/stop reasons and a wake-up count; verl 0.7.1
+    sums the finish up in ``stop_reason`` and names the weights by ``extra_fields["global_steps"]``;
+    unadapted 0.6.1 reports none of them (the finish is then derived from the tokens).
+    """
+    if hasattr(output, "finish_reason"):
+        return output.finish_reason, getattr(output, "stop_reason", None), getattr(output, "weight_version", None)
+    verl_stop = getattr(output, "stop_reason", None)
+    extra = getattr(output, "extra_fields", None) or {}
+    return (None if verl_stop == VERL_COMPLETED else verl_stop), None, extra.get("global_steps")
 
 
 def derive_finish_reason(reported: Any, token_ids: list[int], request: GenerationRequest, *, where: str) -> str:

@@ -1,10 +1,11 @@
 """rLLM's agent/environment contracts, from rLLM when it is installed, otherwise a faithful local protocol.
 
 agentboost must import and be fully testable without rLLM (rLLM is not on PyPI). When rLLM
-v0.2.x is importable, ``BaseAgent``, ``BaseEnv``, ``Step``, ``Trajectory`` and ``Action`` are rLLM's
-own classes, so ``StrandsAgent``/``StrandsEnv`` pass rLLM's ``isinstance`` checks. Otherwise the
-local classes below implement the same contract as rLLM v0.2.1.post1 (``rllm/agents/agent.py`` and
-``rllm/environments/base/base_env.py``): same names, fields, defaults and method semantics.
+v0.2.1.post1 or v0.3.0-pre is importable, ``BaseAgent``, ``BaseEnv``, ``Step``, ``Trajectory`` and
+``Action`` are rLLM's own classes, so ``StrandsAgent``/``StrandsEnv`` pass rLLM's ``isinstance``
+checks. Otherwise the local classes below implement the same contract as rLLM v0.2.1.post1
+(``rllm/agents/agent.py`` and ``rllm/environments/base/base_env.py``): same names, fields, defaults and
+method semantics.
 
 Set ``AGENTBOOST_RLLM=local`` to force the local protocol even when rLLM is installed.
 """
@@ -20,8 +21,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_RLLM = ("0.2.1",)
-"""rLLM releases whose agent/env contract this module mirrors (v0.2.1.post1 reports 0.2.1)."""
+SUPPORTED_RLLM = ("0.2.1", "0.3.0rc0")
+"""rLLM releases whose agent/env contract agentboost works with (v0.2.1.post1 reports 0.2.1, v0.3.0-pre 0.3.0rc0;
+the local protocol below mirrors v0.2.1.post1)."""
 
 
 def _rllm_version() -> str | None:
