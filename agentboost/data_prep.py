@@ -3,10 +3,12 @@
 Each script turns a source dataset into rows that :meth:`StrandsEnv.from_dict` reads, then
 :func:`write_dataset` writes every split as ``<out>/<split>.jsonl`` (lossless for nested fields) and
 registers it with rLLM's ``DatasetRegistry`` when rLLM is installed (what the ``train_*.py`` scripts
-load). Sources are Hugging Face datasets (``--cache-dir``; ``--limit`` streams only the rows needed)
-or, with ``--sample``, the small raw files shipped next to the script, in the hub rows' format (math,
-DeepCoder), so the conversion code that runs offline is the one that runs on the real data. The RAG
-sample is the exception: its questions name supporting passages of the shipped corpus by id.
+load); with ``--verl-out DIR`` :func:`write_verl_dataset` also writes ``DIR/<split>.parquet`` in verl's
+``RLHFDataset`` format for the verl-native route (``train_*_verl.sh``). Sources are Hugging Face
+datasets (``--cache-dir``; ``--limit`` streams only the rows needed) or, with ``--sample``, the small
+raw files shipped next to the script, in the hub rows' format (math, DeepCoder), so the conversion
+code that runs offline is the one that runs on the real data. The RAG sample is the exception: its
+questions name supporting passages of the shipped corpus by id.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 Converter = Callable[[dict[str, Any], int], dict[str, Any] | None]
+VERL_OUT_AUTO = "<out-dir>/verl"
+VERL_AGENT_NAME = "strands_agent"
+"""verl's agent-loop name for every row (``agentboost.integration.verl_agent_loop.AGENT_LOOP_NAME``)."""
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, default_out: str) -> None:
@@ -31,6 +36,20 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, default_out: str) -
     parser.add_argument("--sample", action="store_true", help="use the small raw sample shipped with the example")
     parser.add_argument("--register", choices=["auto", "yes", "no"], default="auto",
                         help="register with rLLM's DatasetRegistry (auto: when rLLM is installed)")  # fmt: skip
+    add_verl_argument(parser)
+
+
+def add_verl_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--verl-out", nargs="?", const=VERL_OUT_AUTO, default=None, metavar="DIR",
+                        help="also write DIR/{train,test}.parquet for the verl route (train_*_verl.sh); "
+                             "without DIR: <out-dir>/verl")  # fmt: skip
+
+
+def verl_out_dir(args: argparse.Namespace) -> Path | None:
+    """Where ``--verl-out`` asked the parquet files to go (``None``: not asked)."""
+    if args.verl_out is None:
+        return None
+    return Path(args.out_dir) / "verl" if args.verl_out == VERL_OUT_AUTO else Path(args.verl_out)
 
 
 def hub_rows(
@@ -107,3 +126,74 @@ def write_dataset(name: str, splits: dict[str, list[dict[str, Any]]], out_dir: s
         DatasetRegistry.register_dataset(name, rows, split)
         logger.info("registered %s/%s with rLLM's DatasetRegistry", name, split)
     return written
+
+
+# -- the verl-native route ----------------------------------------------------------------------
+def verl_row(task: dict[str, Any], *, system_prompt: str | None = None) -> dict[str, Any]:
+    """One row of verl's ``RLHFDataset`` for the ``strands_agent`` loop: the task whole in ``extra_info``
+    (what the loop's ``row_task`` hands to ``StrandsEnv.from_dict``, as rLLM does with its rows), the chat
+    ``prompt`` verl reads as ``raw_prompt`` (the system prompt the agent gets unless the loop's
+    ``agent_args`` name one or an agent factory; the task's user turn), ``data_source`` (verl groups
+    validation metrics by it), ``agent_name`` and an unused rule ``reward_model`` (the loop scores)."""
+    from .environments.strands_env import PROMPT_KEYS
+
+    keys = (task["prompt_key"],) if isinstance(task.get("prompt_key"), str) else PROMPT_KEYS
+    user = next((task[k] for k in keys if isinstance(task.get(k), str) and task[k]), None)
+    if user is None:
+        raise ValueError(f"task {task.get('task_id')!r} has no prompt field (looked for {list(keys)})")
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": user}
+    ]
+    answer = task.get("answer")
+    return {
+        "data_source": str(task.get("data_source") or "strands"),
+        "agent_name": VERL_AGENT_NAME,
+        "prompt": messages,
+        "reward_model": {"style": "rule", "ground_truth": answer if isinstance(answer, str) else ""},
+        "extra_info": dict(task),
+    }
+
+
+def write_verl_dataset(
+    splits: dict[str, list[dict[str, Any]]], out_dir: str | Path, *, system_prompt: str | None = None
+) -> dict[str, Path]:
+    """Write ``<out_dir>/<split>.parquet`` of :func:`verl_row` rows, then read each file back and refuse
+    (ValueError naming the row and field) one whose tasks did not survive parquet exactly: parquet
+    unifies the fields of all rows (a field missing from one row comes back as null) and the types of a
+    field (an int next to a float comes back as a float). Heterogeneous fields belong in JSON strings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for split, tasks in splits.items():
+        if not tasks:
+            raise ValueError(f"{split}: no rows to write")
+        rows = [verl_row(task, system_prompt=system_prompt) for task in tasks]
+        path = out / f"{split}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        try:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            tmp.unlink(missing_ok=True)
+            raise ValueError(f"{split}: the rows cannot be stored as parquet ({exc}); keep fields whose type "
+                             "differs between rows as JSON strings") from None  # fmt: skip
+        back = pq.read_table(tmp, columns=["extra_info"]).column("extra_info").to_pylist()
+        for index, (task, stored) in enumerate(zip(tasks, back, strict=True)):
+            changed = sorted({*task, *stored} - {k for k in task if k in stored and _same(stored[k], task[k])})
+            if changed:
+                tmp.unlink(missing_ok=True)
+                raise ValueError(
+                    f"{split} row {index} ({task.get('task_id')!r}): field(s) {changed} change in parquet "
+                    "(missing in some rows, or of another type than in other rows); store them as JSON strings"
+                )
+        tmp.replace(path)
+        written[split] = path
+        logger.info("wrote %s (%d rows, verl RLHFDataset format)", path, len(rows))
+    return written
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal and of the same JSON types all the way down (``1 == 1.0`` but parquet changed the value)."""
+    return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)

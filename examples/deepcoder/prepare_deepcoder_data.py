@@ -8,10 +8,11 @@ runs are dropped): all of them
 are the hidden tests the reward runs in the sandbox; the first ``--public`` are also available to
 the agent through its ``run_tests`` tool. No test is ever put into the prompt. Rows are written as
 ``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_deepcoder`` when rLLM is
-installed.
+installed; ``--verl-out [DIR]`` also writes them as verl parquet (``train_deepcoder_verl.sh``).
 
     python examples/deepcoder/prepare_deepcoder_data.py [--limit N] [--public 2] [--cache-dir DIR]
     python examples/deepcoder/prepare_deepcoder_data.py --sample          # shipped sample, offline
+    python examples/deepcoder/prepare_deepcoder_data.py --verl-out        # + data/strands_deepcoder/verl/*.parquet
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+from agentboost.data_prep import (
+    add_common_arguments,
+    convert_rows,
+    file_rows,
+    hub_rows,
+    verl_out_dir,
+    write_dataset,
+    write_verl_dataset,
+)
+from agentboost.environments.code_env import SYSTEM_PROMPT
 from agentboost.rewards.code import MAX_TESTS
 from agentboost.sandbox.testcases import TestCase
 
@@ -107,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             rows += convert_rows(raw, converter(subset, split, args.public), limit=args.limit, desc=f"{subset}/{split}")
         splits[split] = rows
     write_dataset("strands_deepcoder", splits, args.out_dir, register=args.register)
+    verl_dir = verl_out_dir(args)
+    if verl_dir is not None:
+        write_verl_dataset(splits, verl_dir, system_prompt=SYSTEM_PROMPT)
     return 0
 
 

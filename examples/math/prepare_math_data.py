@@ -3,11 +3,13 @@
 Rows become ``{"prompt", "answer", "task_id", "data_source"}``; rLLM stores each row in
 ``extra_info`` and the trainer builds ``MathEnv.from_dict(row)`` from it. The splits are written as
 ``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_math`` when rLLM is
-installed.
+installed; ``--verl-out [DIR]`` also writes them as verl parquet (``train_math_verl.sh``), with the
+example's system prompt as the chat prompt's system turn.
 
     python examples/math/prepare_math_data.py                       # full data from the HF hub
     python examples/math/prepare_math_data.py --limit 512 --cache-dir /data/hf
     python examples/math/prepare_math_data.py --sample              # the shipped sample, offline
+    python examples/math/prepare_math_data.py --verl-out            # + data/strands_math/verl/*.parquet
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+from agentboost.data_prep import (
+    add_common_arguments,
+    convert_rows,
+    file_rows,
+    hub_rows,
+    verl_out_dir,
+    write_dataset,
+    write_verl_dataset,
+)
+from agentboost.environments.math_env import SYSTEM_PROMPT
 
 HERE = Path(__file__).resolve().parent
 TRAIN = ("agentica-org/DeepScaleR-Preview-Dataset", "train", "deepscaler")
@@ -48,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             raw = hub_rows(name, split=hub_split, cache_dir=args.cache_dir, limit=args.limit)
         splits[split] = convert_rows(raw, converter(source), limit=args.limit, desc=source)
     write_dataset("strands_math", splits, args.out_dir, register=args.register)
+    verl_dir = verl_out_dir(args)
+    if verl_dir is not None:
+        write_verl_dataset(splits, verl_dir, system_prompt=SYSTEM_PROMPT)
     return 0
 
 

@@ -3,7 +3,8 @@
 Rows become ``{"question", "answer", "type", "level", "supporting_titles", "task_id", "data_source"}``
 (the gold paragraphs are never in the row the agent sees: it has to retrieve them). Train: the
 ``train`` split; test: ``validation``. Written as ``<out-dir>/{train,test}.jsonl`` and registered as
-rLLM dataset ``strands_rag`` when rLLM is installed. The retrieval server must serve a corpus that
+rLLM dataset ``strands_rag`` when rLLM is installed (``--verl-out [DIR]``: also as verl parquet for
+``train_rag_verl.sh``). The retrieval server must serve a corpus that
 contains the answers (README: the full Wikipedia index; ``--sample`` pairs with the shipped corpus).
 
     python examples/rag/prepare_rag_data.py --limit 20000 --cache-dir /data/hf --download-corpus /data/wiki18
@@ -17,7 +18,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentboost.data_prep import add_common_arguments, convert_rows, file_rows, hub_rows, write_dataset
+from agentboost.data_prep import (
+    add_common_arguments,
+    convert_rows,
+    file_rows,
+    hub_rows,
+    verl_out_dir,
+    write_dataset,
+    write_verl_dataset,
+)
+from agentboost.environments.rag_env import SYSTEM_PROMPT
 from agentboost.retrieval.corpus import SAMPLE_QUESTIONS, SHIPPED_CORPUS, read_corpus
 
 DATASET = "hotpotqa/hotpot_qa"
@@ -95,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             for row in splits[split]:
                 row["retrieval_url"] = args.retrieval_url
     write_dataset("strands_rag", splits, args.out_dir, register=args.register)
+    verl_dir = verl_out_dir(args)
+    if verl_dir is not None:
+        write_verl_dataset(splits, verl_dir, system_prompt=SYSTEM_PROMPT)
     return 0
 
 

@@ -1,56 +1,13 @@
 #!/usr/bin/env bash
-# GRPO on multi-hop QA (HotpotQA) with a Strands agent + retrieve tool. One 8-GPU node by default.
+# GRPO on multi-hop QA (HotpotQA) with a Strands agent + retrieve tool: rLLM route
+# (rLLM v0.2.1.post1 + veRL 0.6.1 or v0.3.0-pre + veRL 0.7.1, patched by `python apply_patches.py`).
 # The retrieval server must be running: AGENTBOOST_RETRIEVAL_URL (default http://127.0.0.1:8010).
-# Prerequisites: README "Training on GPUs" (stack installed, `python apply_patches.py`, data prepared).
+# Prerequisites: README "Training on GPUs" (stack installed, patches applied, data prepared and registered:
+#   python examples/rag/prepare_rag_data.py).
+# One 8-GPU node by default. Every knob is an environment variable (examples/common/launch.sh, this example's
+# defaults.sh), e.g. MODEL=... GPUS=4 ROLLOUT_N=16; arguments are appended as Hydra overrides;
+# DRY_RUN=1 prints the resolved command.
 set -euo pipefail
-MODEL=${MODEL:-Qwen/Qwen3-4B-Instruct-2507}
-GPUS=${GPUS:-8}
-export WANDB_MODE=${WANDB_MODE:-offline}   # set WANDB_MODE=online (and WANDB_API_KEY) to sync
-export VLLM_USE_V1=1
-export AGENTBOOST_RETRIEVAL_URL=${AGENTBOOST_RETRIEVAL_URL:-http://127.0.0.1:8010}
-python3 "$(dirname "$0")/train_rag_with_strands.py" \
-    algorithm.adv_estimator=grpo \
-    algorithm.norm_adv_by_std_in_grpo=true \
-    data.train_batch_size=128 \
-    data.val_batch_size=512 \
-    data.max_prompt_length=1024 \
-    data.max_response_length=4096 \
-    actor_rollout_ref.model.path="$MODEL" \
-    actor_rollout_ref.hybrid_engine=true \
-    actor_rollout_ref.actor.optim.lr=1e-6 \
-    actor_rollout_ref.actor.ppo_mini_batch_size=128 \
-    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000 \
-    actor_rollout_ref.actor.use_dynamic_bsz=true \
-    actor_rollout_ref.actor.loss_agg_mode=token-mean \
-    actor_rollout_ref.actor.clip_ratio_low=0.2 \
-    actor_rollout_ref.actor.clip_ratio_high=0.28 \
-    actor_rollout_ref.actor.use_kl_loss=false \
-    actor_rollout_ref.actor.kl_loss_coef=0.0 \
-    actor_rollout_ref.actor.entropy_coeff=0 \
-    actor_rollout_ref.actor.fsdp_config.param_offload=false \
-    actor_rollout_ref.model.enable_gradient_checkpointing=true \
-    actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.mode=async \
-    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.8 \
-    actor_rollout_ref.rollout.n=8 \
-    actor_rollout_ref.rollout.temperature=1.0 \
-    actor_rollout_ref.rollout.top_p=1.0 \
-    actor_rollout_ref.rollout.val_kwargs.n=4 \
-    actor_rollout_ref.rollout.val_kwargs.temperature=0.6 \
-    actor_rollout_ref.rollout.val_kwargs.top_p=0.95 \
-    actor_rollout_ref.rollout.val_kwargs.do_sample=true \
-    rllm.agent.max_steps=6 \
-    rllm.agent.trajectory_timeout=300 \
-    rllm.stepwise_advantage.enable=false \
-    +rllm.strands.budget.tool_timeout_s=15 \
-    +rllm.strands.logprob_gap_alarm=1.0 \
-    trainer.logger=[console,wandb] \
-    trainer.project_name=agentboost \
-    trainer.experiment_name=rag-strands \
-    trainer.n_gpus_per_node="$GPUS" \
-    trainer.nnodes=1 \
-    trainer.save_freq=20 \
-    trainer.test_freq=10 \
-    trainer.total_epochs=1 \
-    "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/launch.sh"
+ab_load_example rag
+ab_run_rllm "$AB_EXAMPLE_DIR/train_rag_with_strands.py" "$@"

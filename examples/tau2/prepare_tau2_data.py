@@ -8,10 +8,12 @@ to ``domain``, ``task_id`` and ``prompt`` (the user scenario, used in solo mode)
 ``<out-dir>/{train,test}.jsonl`` and registered as rLLM dataset ``strands_tau2`` when rLLM is
 installed. With ``--user-url``/``--user-model`` every row carries the user-simulator endpoint (as
 JSON, like ``task``); without them episodes run solo unless ``$AGENTBOOST_TAU2_USER_URL`` and
-``$AGENTBOOST_TAU2_USER_MODEL`` are set where they run.
+``$AGENTBOOST_TAU2_USER_MODEL`` are set where they run. ``--verl-out [DIR]`` also writes the rows as
+verl parquet (``train_tau2_verl.sh``; no system turn: the agent factory writes the domain policy).
 
     python examples/tau2/prepare_tau2_data.py --domain both
     python examples/tau2/prepare_tau2_data.py --domain airline --limit 5 --data-dir tau2-bench/data/tau2/domains
+    python examples/tau2/prepare_tau2_data.py --domain both --verl-out   # + data/strands_tau2/verl/*.parquet
     python examples/tau2/prepare_tau2_data.py --user-url http://localhost:8001/v1 --user-model Qwen/Qwen3-32B
 """
 
@@ -24,7 +26,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agentboost.data_prep import write_dataset
+from agentboost.data_prep import add_verl_argument, verl_out_dir, write_dataset, write_verl_dataset
 from agentboost.environments.tau2_env import DOMAINS, scenario_text
 
 logger = logging.getLogger("prepare_tau2_data")
@@ -69,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--user-max-turns", type=int, default=30, help="user turns before the episode is cut")
     parser.add_argument("--user-api-key-env", default="OPENAI_API_KEY", help="variable holding the endpoint's key")
     parser.add_argument("--register", choices=["auto", "yes", "no"], default="auto")
+    add_verl_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if bool(args.user_url) != bool(args.user_model):
@@ -82,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     splits = {split: [r for d in domains for r in domain_rows(data_dir, d, split, args.limit, user)]
               for split in ("train", "test")}  # fmt: skip
     write_dataset("strands_tau2", splits, args.out_dir, register=args.register)
+    verl_dir = verl_out_dir(args)
+    if verl_dir is not None:
+        write_verl_dataset(splits, verl_dir)
     return 0
 
 
