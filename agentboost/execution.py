@@ -21,7 +21,7 @@ from .runs import EpisodeSpec, run_many
 logger = logging.getLogger(__name__)
 
 OnDone = Callable[[Episode], Awaitable[None] | None]
-_NO_TORCH_BACKENDS = ("http://", "https://", "py:")
+_NO_TORCH_BACKENDS = ("http://", "https://", "py:", "strands:")
 
 
 async def run_specs(

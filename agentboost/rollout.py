@@ -144,7 +144,10 @@ async def run_episode(
     budget = settings.budget
     started = time.monotonic()
     deadline = started + budget.wall_clock_s
-    model = TokenModel(
+    # A backend may name the Strands model its episodes run through (the Strands-provider route's
+    # ProviderModel: same hooks and budgets, no tokens); token backends use TokenModel.
+    make_model = getattr(backend, "episode_model", TokenModel)
+    model = make_model(
         backend,
         template,
         sampling=settings.sampling,

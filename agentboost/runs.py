@@ -87,7 +87,7 @@ class EpisodeSpec:
 
 def failed_episode(spec: EpisodeSpec, termination: Termination, detail: str, **timings: float) -> Episode:
     """The record of an episode that could not run (or whose runner died): reward 0, masked."""
-    return Episode.failed(
+    episode = Episode.failed(
         spec.episode_id,
         termination,
         detail,
@@ -95,6 +95,7 @@ def failed_episode(spec: EpisodeSpec, termination: Termination, detail: str, **t
         timings=dict(timings),
         metadata={"group_id": spec.group_id, "sample_index": spec.sample_index},
     )
+    return _marked(spec, episode)
 
 
 def _build_env_and_agent(spec: EpisodeSpec) -> tuple[Any, StrandsAgent]:
@@ -142,6 +143,16 @@ async def run_spec(spec: EpisodeSpec) -> Episode:
         task_id=spec.task_id,
     )
     episode.metadata.update({"group_id": spec.group_id, "sample_index": spec.sample_index})
+    return _marked(spec, episode)
+
+
+def _marked(spec: EpisodeSpec, episode: Episode) -> Episode:
+    """Episodes of the Strands-provider route carry no tokens: marked and masked, whatever happened
+    (failures included, wherever they are recorded: here, in a pool worker or by the pool)."""
+    if spec.model.backend.startswith("strands:"):
+        from .backends.strands_provider import mark_not_token_exact
+
+        mark_not_token_exact(episode)
     return episode
 
 

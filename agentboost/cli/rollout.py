@@ -5,6 +5,12 @@ Writes ``episodes.jsonl`` (one full :class:`~agentboost.episode.Episode` per lin
 
 Without ``--data`` it runs the embedded default: generated arithmetic tasks with the calculator tool
 against a tiny randomly initialised local model (a smoke test of the whole path, not a good agent).
+
+``--strands-model`` runs the same environments and rewards through a Strands model provider instead
+of a token backend (a frontier-model baseline): ``openai:<model>@<base_url>`` (any OpenAI-compatible
+chat endpoint: vLLM's chat API, Ollama's /v1), ``openai:<model>`` (api.openai.com),
+``bedrock:<model-id>[@<region>]`` or ``py:<module>:<factory>``. Those episodes carry no tokens and
+are marked and masked: not token-exact, not training data.
 """
 
 from __future__ import annotations
@@ -19,6 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.factory import ModelSpec
+from ..backends.strands_provider import (
+    NOT_TOKEN_EXACT,
+    PREFIX,
+    StrandsProviderBackend,
+    is_provider_backend,
+    parse_provider,
+)
 from ..data import load_rows
 from ..execution import run_specs
 from ..report import markdown, summarize
@@ -45,8 +58,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument(
         "--backend",
-        default="tiny",
-        help="http(s)://host:port[,more] (vLLM-compatible server), hf:/path/to/model, or tiny",
+        default=None,
+        help="http(s)://host:port[,more] (vLLM-compatible server), hf:/path/to/model, or tiny (default)",
+    )
+    group.add_argument(
+        "--strands-model",
+        default=None,
+        metavar="SPEC",
+        help="instead of a token backend, a Strands model provider (baselines; episodes are not token-exact and "
+        "never training data): openai:<model>@<base_url> (OpenAI-compatible chat API: vLLM, Ollama's /v1, ...), "
+        "openai:<model> (api.openai.com, OPENAI_API_KEY), bedrock:<model-id>[@<region>] (AWS credentials), "
+        "py:<module>:<factory> (factory(sampling=...) -> strands Model)",
     )
     group.add_argument("--tokenizer", default=None, help="offline:<family>, a local directory or a hub id")
     group.add_argument("--served-model", default=None, help="model name on the server (default: /v1/models)")
@@ -55,7 +77,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-parser", default=None, choices=["hermes", "llama3_json"])
     group.add_argument("--device", default=None)
     group.add_argument("--api-key-env", default=None, metavar="NAME",
-                       help="variable holding the server's API key (sent as a bearer token, never stored)")  # fmt: skip
+                       help="variable holding the server's or provider's API key (never stored)")  # fmt: skip
 
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,8 +120,10 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise SystemExit(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+    if getattr(args, "strands_model", None):
+        return _strands_model_spec(args, api_key)
     return ModelSpec(
-        backend=args.backend,
+        backend=args.backend or "tiny",
         api_key=api_key,
         tokenizer=args.tokenizer,
         served_model=args.served_model,
@@ -107,6 +131,21 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
         tool_parser=args.tool_parser,
         device=args.device,
     )
+
+
+def _strands_model_spec(args: argparse.Namespace, api_key: str | None) -> ModelSpec:
+    """The provider route: token-backend options make no sense with it and are refused, not ignored."""
+    clashes = [flag for flag, value in (("--backend", args.backend), ("--tokenizer", args.tokenizer),
+               ("--served-model", args.served_model), ("--template-kwarg", args.template_kwarg),
+               ("--tool-parser", args.tool_parser), ("--device", args.device)) if value]  # fmt: skip
+    if clashes:
+        raise ValueError(f"--strands-model replaces the token backend: drop {', '.join(clashes)}")
+    # A malformed spec, a missing key or an unimportable factory is an input error, before anything runs.
+    try:
+        StrandsProviderBackend(parse_provider(args.strands_model), api_key=api_key)
+    except ImportError as exc:
+        raise ValueError(f"--strands-model {args.strands_model}: {exc}") from exc
+    return ModelSpec(backend=PREFIX + args.strands_model, api_key=api_key)
 
 
 def settings_from_args(args: argparse.Namespace) -> RolloutSettings:
@@ -138,14 +177,28 @@ def run(args: argparse.Namespace) -> int:
     agent = AgentSpec(
         env=args.env, env_args=dict(args.env_arg), agent_factory=args.agent, system_prompt=args.system_prompt
     )
-    specs = expand(rows, agent, model_spec_from_args(args), settings_from_args(args), n=args.n)
+    try:
+        model = model_spec_from_args(args)
+    except ValueError as exc:
+        sys.stderr.write(f"agentboost rollout: {exc}\n")
+        return 2
+    specs = expand(rows, agent, model, settings_from_args(args), n=args.n)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     episodes_path = out / "episodes.jsonl"
     episodes = asyncio.run(_run(specs, args.concurrency, episodes_path, workers=args.workers))
     summary = summarize(episodes)
+    baseline = is_provider_backend(model.backend)
+    if baseline:  # no tokens: say so wherever the numbers are read; turns are the provider's calls
+        from ..evaluation.report import turns_of
+
+        summary["turns_mean"] = sum(turns_of(e) for e in episodes) / max(1, len(episodes))
+        summary = {"token_exact": False, "not_training_data": NOT_TOKEN_EXACT,
+                   "strands_model": model.backend[len(PREFIX):], **summary}  # fmt: skip
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     text = markdown(summary, title=f"Rollout summary ({len(episodes)} episodes)")
+    if baseline:
+        text = f"**{NOT_TOKEN_EXACT}**: {model.backend[len(PREFIX) :]} through a Strands model provider.\n\n" + text
     (out / "summary.md").write_text(text)
     sys.stdout.write(text + f"\nepisodes: {episodes_path}\nsummary: {out / 'summary.json'}\n")
     return 0

@@ -41,3 +41,12 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
     for i in range(k):  # C(c, k) / C(n, k) = prod_{i<k} (c - i) / (n - i)
         hit *= (c - i) / (n - i)
     return hit
+
+
+def default_ks(n: int) -> list[int]:
+    """The k reported by default for n samples per task: 1, 2, 4, ... up to n, and n."""
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    return sorted({*ks, n})

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..backends.strands_provider import NOT_TOKEN_EXACT, is_token_exact
 from ..episode import Episode
 from ..report import markdown as summary_markdown
 from ..report import summarize
@@ -42,8 +43,15 @@ class EvalReport:
     def to_markdown(self, title: str = "Evaluation") -> str:
         d = self.data
         samples = d["samples_per_task"] if d["samples_uniform"] else f">={d['samples_per_task']}"
-        lines = [f"# {title}", "", f"{d['tasks']} tasks x {samples} samples = {d['episodes']} episodes "
-                 f"(success: {d['success_rule']}).", ""]  # fmt: skip
+        lines = [f"# {title}", ""]
+        if d.get("token_exact") is False:
+            lines += [f"**{NOT_TOKEN_EXACT}.** {d['not_token_exact_episodes']} of {d['episodes']} episodes ran "
+                      "through a Strands model provider: they carry no tokens and are masked (a baseline, never "
+                      "a training signal).", ""]  # fmt: skip
+        if d.get("models"):
+            lines += [f"Model: {', '.join(d['models'])}.", ""]
+        lines += [f"{d['tasks']} tasks x {samples} samples = {d['episodes']} episodes "
+                  f"(success: {d['success_rule']}).", ""]  # fmt: skip
         if d["infra_errors"]:
             lines += [f"**Warning: {d['infra_errors']} episodes ended in `infra_error` (the server, the worker or the "
                       "setup failed, not the model) and count as failures below.** Re-run them with "
@@ -73,10 +81,21 @@ class EvalReport:
         written[0].write_text(self.to_json())
         written[1].write_text(self.to_markdown(title))
         if plots:
-            png = plot(self.data, directory / "report.png", title=title)
+            marked = title if self.data.get("token_exact", True) else f"{title}\n({NOT_TOKEN_EXACT})"
+            png = plot(self.data, directory / "report.png", title=marked)
             if png is not None:
                 written.append(png)
         return written
+
+
+def turns_of(episode: Episode) -> int:
+    """Model calls of an episode (token-level calls, or the provider's calls of a baseline)."""
+    return len(episode.calls) or len(episode.metadata.get("provider_calls") or [])
+
+
+def model_of(episode: Episode) -> str:
+    """What answered: the Strands provider's model, else the backend's description."""
+    return str(episode.metadata.get("strands_model") or episode.metadata.get("backend") or "unknown")
 
 
 def build_report(
@@ -130,7 +149,14 @@ def build_report(
          "reward_mean": statistics.fmean(e.reward for e in by_task[task])}
         for task, (n, c) in sorted(counts.items())
     ]  # fmt: skip
+    summary = summarize(episodes)
+    if episodes:  # provider episodes have no token-level calls; their turns are the provider's calls
+        summary["turns_mean"] = statistics.fmean(turns_of(e) for e in episodes)
+    baseline = sum(not is_token_exact(e) for e in episodes)
     data = {
+        "token_exact": not baseline,
+        "not_token_exact_episodes": baseline,
+        "models": sorted({model_of(e) for e in episodes if "strands_model" in e.metadata or "backend" in e.metadata}),
         "tasks": len(counts),
         "samples_per_task": n_min,
         "samples_uniform": len({n for n, _ in counts.values()}) <= 1,
@@ -140,7 +166,7 @@ def build_report(
         "pass_at_k": pass_k,
         "pass_hat_k": hat_k,
         "episode_success_rate": statistics.fmean(is_success(e, threshold) for e in episodes) if episodes else 0.0,
-        "summary": summarize(episodes),
+        "summary": summary,
         "tool_outcomes": dict(sorted(outcomes.items())),
         "tool_calls_per_episode_histogram": {b: calls_hist.get(b, 0) for b in buckets},
         "per_task": per_task,
