@@ -22,7 +22,8 @@ their module-level names. rLLM's loop itself is not copied or rewritten. For Str
   optimizer step on stale momentum); the run carries on;
 * Strands metrics (terminations, tool calls/errors, per-tool usage, parse errors, latency) are logged
   for training (``strands/...``) and validation (``val/strands/...``). Validation rewards of failed
-  episodes are 0 and count in rLLM's ``val/test_score`` denominators.
+  episodes are 0 and count in rLLM's ``val/test_score`` denominators. Each validation also logs a
+  W&B table of sample trajectories (``val/strands/trajectories``) when the run logs to W&B.
 
 Any other agent class goes through rLLM's own code paths unchanged.
 
@@ -117,7 +118,12 @@ def install(ns: dict[str, Any]) -> bool:
     if getattr(base, MARK, False):
         return False
     from agentboost.integration.config import cfg_get
-    from agentboost.integration.metrics import LogprobGapAlarm, episode_metrics, logprob_gap_metrics
+    from agentboost.integration.metrics import (
+        LogprobGapAlarm,
+        episode_metrics,
+        log_validation_trajectories,
+        logprob_gap_metrics,
+    )
     from agentboost.integration.verl_batch import (
         GROUP_ESTIMATORS,
         MASKED_KEY,
@@ -242,6 +248,8 @@ def install(ns: dict[str, Any]) -> bool:
             metrics = super()._validate_agent()
             if self._strands and self._strands_val_episodes:
                 metrics.update(episode_metrics(self._strands_val_episodes, prefix="val/strands"))
+                # veRL's Tracking logs `metrics` at self.global_steps; the table goes to the same step
+                log_validation_trajectories(self._strands_val_episodes, step=self.global_steps)
             return metrics
 
         def _pad_dataproto_to_world_size(self, batch: Any) -> Any:

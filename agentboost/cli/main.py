@@ -7,7 +7,7 @@ import logging
 import sys
 
 from . import eval as eval_cmd
-from . import quickstart, rollout
+from . import quickstart, rollout, view
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     rollout.add_parser(sub)
     quickstart.add_parser(sub)
     eval_cmd.add_parser(sub)
+    view.add_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),

@@ -14,6 +14,14 @@ on-policy training the two differ only by numerics (bf16, kernels); a large mean
 rollouts did not come from the weights being trained (weights not synced, wrong model, wrong
 template). vLLM reports log-probs before temperature scaling, so the gap is meaningful at
 temperature 1 and inflated otherwise.
+
+:func:`log_validation_trajectories` (key ``val/strands/trajectories``): a W&B table of sample
+validation trajectories (prompt, response text with tool calls and results, reward, termination, tool
+calls) on the W&B run of this process (veRL's ``Tracking`` starts it in the trainer's driver); no
+table, and no error, without wandb or without a run. The rLLM route calls it from ``_validate_agent``.
+On the verl 0.9 agent-loop route the episodes live in ``AgentLoopWorker`` Ray actors, which have no
+W&B run, and the driver only receives token batches: no trajectory table there; veRL's own
+``trainer.log_val_generations=N`` logs N decoded validation samples (input, output, score) instead.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from typing import Any
 
 from ..episode import Episode
 from ..types import Termination
+from ..viewer.rows import log_trajectory_table
+
+VAL_TRAJECTORIES = "val/strands/trajectories"
 
 
 class StaleRolloutError(RuntimeError):
@@ -77,6 +88,11 @@ def episode_metrics(episodes: list[Episode], prefix: str = "strands") -> dict[st
     out[f"{prefix}/model_tokens_mean"] = sum(e.num_model_tokens for e in episodes) / n
     out[f"{prefix}/reward_mean"] = sum(0.0 if e.masked else e.reward for e in episodes) / n
     return out
+
+
+def log_validation_trajectories(episodes: list[Episode], *, step: int) -> bool:
+    """Log a table of sample validation trajectories at ``step`` on this process's W&B run, if any."""
+    return log_trajectory_table(VAL_TRAJECTORIES, episodes, step=step)
 
 
 def logprob_gap_metrics(rollout_log_probs: Any, old_log_probs: Any, response_mask: Any) -> dict[str, float]:

@@ -1,5 +1,7 @@
 """Metrics out of the trainer: ``metrics.jsonl`` + ``metrics.csv`` in the run directory, W&B (offline
-unless configured), and a PNG of the curves."""
+unless configured), and a PNG of the curves. Eval steps also keep their episodes
+(``episodes/eval_step<N>.jsonl``, readable with ``agentboost view``) and log a W&B table of sample
+trajectories (``eval/trajectories``)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from ..episode import Episode
+from ..viewer.rows import log_trajectory_table
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +30,14 @@ class MetricsLogger:
         if self.jsonl.exists():  # resumed run: keep what was logged before
             self.rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
         self._wandb = None
+        self._wandb_module: Any = None
         if project:
             try:
                 import wandb
             except ImportError:
                 logger.info("wandb is not installed: metrics go to %s only", self.csv)
             else:
+                self._wandb_module = wandb
                 mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
                 self._wandb = wandb.init(project=project, config=config or {}, dir=str(self.run_dir), mode=mode,
                                          reinit="finish_previous")  # fmt: skip
@@ -42,6 +49,19 @@ class MetricsLogger:
         self._write_csv()
         if self._wandb is not None:
             self._wandb.log(metrics, step=int(metrics.get("step", len(self.rows))))
+
+    def log_episodes(self, tag: str, episodes: list[Episode], *, step: int) -> Path:
+        """Keep ``episodes`` as ``episodes/<tag>_step<step>.jsonl`` and log a W&B table of sample
+        trajectories under ``<tag>/trajectories`` (when W&B is on). Returns the JSONL path."""
+        directory = self.run_dir / "episodes"
+        directory.mkdir(exist_ok=True)
+        path = directory / f"{tag}_step{step}.jsonl"
+        with open(path, "w", encoding="utf-8") as fh:
+            for episode in episodes:
+                fh.write(episode.to_json() + "\n")
+        if self._wandb is not None:
+            log_trajectory_table(f"{tag}/trajectories", episodes, step=step, wandb=self._wandb_module, run=self._wandb)
+        return path
 
     def _write_csv(self) -> None:
         keys: list[str] = []

@@ -147,6 +147,8 @@ class GRPOTrainer:
         self.run_dir = Path(self.config.run_dir)
         self.step = 0
         self.history: list[dict[str, Any]] = []
+        self.last_eval_episodes: list[Episode] = []
+        """The episodes of the latest :meth:`evaluate` (logged as a W&B trajectory table by :meth:`fit`)."""
         self._order: list[int] = []
         self._cursor = 0
         self._rng = random.Random(self.config.seed)
@@ -275,6 +277,7 @@ class GRPOTrainer:
         if not rows:
             return {}
         episodes = self.rollout(rows, n=1, sampling=self.config.eval_sampling, tag=tag)
+        self.last_eval_episodes = episodes
         return {f"eval/{k}": v for k, v in episode_metrics(episodes).items()}
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -302,6 +305,7 @@ class GRPOTrainer:
                 self.step += 1
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
                     metrics.update(self.evaluate(tag=f"e{self.step}"))
+                    log.log_episodes("eval", self.last_eval_episodes, step=self.step)
                 self.history.append(metrics)
                 log.log(metrics)
                 bar.update(1)
