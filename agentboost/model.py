@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import datetime
 from typing import Any
@@ -42,7 +44,7 @@ from .backends.base import FINISH_LENGTH, FINISH_STOP, GenerationBackend, Genera
 from .chat.messages import strands_to_hf, system_message, tool_specs_to_openai
 from .chat.parsers import TOOL_NAME_RE, ParsedCall
 from .chat.template import ChatTemplate
-from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats, token_digest
+from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats
 from .errors import (
     BackendContextOverflow,
     BackendError,
@@ -99,6 +101,9 @@ class TokenModel(Model):
         self.episode = Episode(id=episode_id or uuid.uuid4().hex)
         self.hooks = TrajectoryHooks(self)
         self._context: list[int] = []
+        self._context_hash = hashlib.blake2b(digest_size=16)
+        """``episode.token_digest`` of ``_context``, kept up to date: hashing the whole context per call
+        would make an episode's cost quadratic in its length."""
         self._prompt_len = 0
         self._consumed = 0
         self._system: str | None = None
@@ -148,6 +153,13 @@ class TokenModel(Model):
         # character heuristic avoids tiktoken (which downloads its vocabulary).
         chars = len(json.dumps(messages, default=str)) if messages else 0
         return chars // 4
+
+    @property
+    def history_reads_from(self) -> int:
+        """Index of the first history message the next :meth:`stream` call reads: the first call reads
+        them all, later calls only the previous response's message and what follows it (earlier turns
+        are already tokens). Lets :mod:`agentboost.strands_patches` skip preparing the rest."""
+        return max(0, self._consumed - 1) if self._frozen else 0
 
     def start_clock(self, deadline: float) -> None:
         """Share the episode deadline (monotonic seconds) set by the runner."""
@@ -255,7 +267,10 @@ class TokenModel(Model):
         self._validate(result, request)
 
         # Commit: only a complete, validated response reaches the trajectory.
-        digest = token_digest(prompt)
+        new_bytes = array("q", new_ids).tobytes()
+        sent = self._context_hash.copy()
+        sent.update(new_bytes)
+        digest = sent.hexdigest()  # == episode.token_digest(prompt), without rehashing the context
         kind = SegmentKind.PROMPT if first else SegmentKind.ENV
         self.episode.append(Segment(kind, new_ids, call_index))
         self.episode.append(Segment(SegmentKind.MODEL, list(result.token_ids), call_index, result.logprobs))
@@ -263,6 +278,8 @@ class TokenModel(Model):
             self._prompt_len = len(new_ids)
         self._context.extend(new_ids)
         self._context.extend(result.token_ids)
+        self._context_hash.update(new_bytes)
+        self._context_hash.update(array("q", result.token_ids).tobytes())
         self._consumed = len(messages) + 1
 
         _, parsed = self.template.parse(result.token_ids)

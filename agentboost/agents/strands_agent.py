@@ -29,6 +29,7 @@ from typing import Any
 from ..chat.messages import strands_to_hf, system_message
 from ..compat.rllm import Action, BaseAgent, Step, Trajectory
 from ..episode import Episode, SegmentKind
+from ..strands_patches import adapt_agent
 from ..utils.refs import resolve
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class StrandsAgent(BaseAgent):
             prompt = self.system_prompt(task) if callable(self.system_prompt) else self.system_prompt
             agent = Agent(model=model, tools=tools, system_prompt=prompt, **{**defaults, **self.agent_kwargs})
         check_agent(agent, model)
+        adapt_agent(agent)  # flat per-call cost in long episodes; never changes what the agent does
         hooks = getattr(model, "hooks", None)
         if hooks is not None:
             agent.hooks.add_hook(hooks)
