@@ -1,40 +1,55 @@
-"""Sandboxed executions per second vs a bare ``subprocess`` Python on the same snippets.
+"""Trivial programs per second: a bare interpreter vs the sandbox started per run vs the sandbox's zygote.
 
-The bare baseline is what unsandboxed code tools do (``subprocess.run([sys.executable, "-c", code])``,
-with stdin and captured output); the sandbox adds a session, a scrubbed environment, a private
-working directory, rlimits, and (where available) an unprivileged uid and network / mount / PID
-namespaces. Both run the same snippets at the same concurrency; ratios come from one run.
+Why: a code episode runs many short sandboxed programs; what a run costs beyond the program itself is
+what the sandbox adds. Three ways run the same snippets at the same concurrency:
 
-    python benchmarks/sandbox_throughput.py [--n 200] [--concurrency 1 2]
+* bare: ``subprocess.run([sys.executable, "-c", code])`` with stdin and captured output (what an
+  unsandboxed code tool does), no isolation at all;
+* started: ``SandboxConfig(zygote=False)``: every run starts the launcher (namespaces, fresh root,
+  rlimits, uid) and then its own interpreter (the path before the zygote);
+* zygote: the default sandbox: every run is forked from a warm interpreter and gets the same layers.
+
+Rounds rotate which way goes first; ratios are taken within a round (the machine may be shared) and
+reported as median (min-max) over rounds, with the load average before and after.
+
+    python benchmarks/sandbox_throughput.py [--n 60] [--rounds 3] [--concurrency 1 2] [--quick]
+        [--json benchmarks/results/sandbox_throughput.json] [--png assets/sandbox_throughput.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
+import json
+import logging
 import os
+import platform
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from agentboost.sandbox import Sandbox, SandboxConfig
 
+logger = logging.getLogger("sandbox_throughput")
+
 SNIPPETS = {
     "print": "print(sum(range(1000)))",
-    "stdin": "import sys\ndata = sys.stdin.read().split()\nprint(sum(map(int, data)))",
-    "stdlib": "import json, re, collections, itertools\nprint(json.dumps(collections.Counter('abracadabra')))",
-    "compute": "print(sum(i * i for i in range(200_000)))",
+    "stdin": "import sys\nprint(sum(map(int, sys.stdin.read().split())))",
 }
 STDIN = " ".join(str(i) for i in range(1000))
+WAYS = ("bare", "started", "zygote")
+
+
+def _bare(code: str, stdin: str) -> None:
+    done = subprocess.run([sys.executable, "-c", code], input=stdin.encode(), capture_output=True, check=False)
+    assert done.returncode == 0 and done.stdout, done
 
 
 async def bare(code: str, stdin: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", code,
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    out, _ = await proc.communicate(stdin.encode())
-    assert proc.returncode == 0 and out
+    await asyncio.to_thread(_bare, code, stdin)
 
 
 async def sandboxed(box: Sandbox, code: str, stdin: str) -> None:
@@ -42,7 +57,8 @@ async def sandboxed(box: Sandbox, code: str, stdin: str) -> None:
     assert result.ok and result.stdout, result
 
 
-async def rate(fn, n: int, concurrency: int) -> float:
+async def rate(fn: Callable[[], Awaitable[None]], n: int, concurrency: int) -> float:
+    """Runs per second of ``n`` calls of ``fn``, ``concurrency`` at a time."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> None:
@@ -54,45 +70,154 @@ async def rate(fn, n: int, concurrency: int) -> float:
     return n / (time.perf_counter() - started)
 
 
-async def main_async(n: int, concurrencies: list[int]) -> None:
-    box = Sandbox(SandboxConfig())
-    iso = await asyncio.to_thread(box.isolation)
-    active = [k for k, v in iso.items() if v is True]
-    inactive = [k for k, v in iso.items() if v is False]
-    print(
-        f"machine: {os.cpu_count()} cores; sandbox interpreter {iso['python']}; baseline interpreter {sys.executable}"
-    )
-    print(f"isolation active: {', '.join(active)}; not active: {', '.join(inactive) or 'none'}\n")
-    print("| snippet | concurrency | bare subprocess exec/s | sandbox exec/s | sandbox / bare |")
-    print("|---|---|---|---|---|")
-    ratios = []
-    for name, code in SNIPPETS.items():
-        stdin = STDIN if name == "stdin" else ""
-        for c in concurrencies:
-            run_bare = functools.partial(bare, code, stdin)
-            run_box = functools.partial(sandboxed, box, code, stdin)
-            await rate(run_bare, 4, c)  # warm caches
-            await rate(run_box, 4, c)
-            b = await rate(run_bare, n, c)
-            s = await rate(run_box, n, c)
-            ratios.append(s / b)
-            print(f"| {name} | {c} | {b:.1f} | {s:.1f} | {s / b:.2f} |")
-    print(f"\nsandbox / bare, geometric mean over all rows: {_gmean(ratios):.2f}")
+def machine() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({model or platform.processor() or 'unknown CPU'}), Linux {platform.release()}"
 
 
-def _gmean(values: list[float]) -> float:
-    product = 1.0
-    for v in values:
-        product *= v
-    return product ** (1 / len(values))
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+async def measure(n: int, rounds: int, concurrencies: list[int]) -> dict[str, object]:
+    started_box = Sandbox(SandboxConfig(zygote=False))
+    zygote_box = Sandbox(SandboxConfig())
+    try:
+        await asyncio.to_thread(started_box.isolation)
+        iso = await asyncio.to_thread(zygote_box.isolation)
+        zygote_notes = [note for note in iso["notes"] if note.startswith("no-zygote")]
+        report: dict[str, object] = {
+            "machine": machine(),
+            "load_before": _load(),
+            "python": sys.executable,
+            "sandbox_python": iso["python"],
+            "zygote": iso["zygote"],
+            "zygote_notes": zygote_notes,
+            "namespaces": iso["namespaces"],
+            "n": n,
+            "rounds": rounds,
+            "rows": [],
+        }
+        rows: list[dict[str, object]] = []
+        for name, code in SNIPPETS.items():
+            stdin = STDIN if name == "stdin" else ""
+            fns: dict[str, Callable[[], Awaitable[None]]] = {
+                "bare": lambda code=code, stdin=stdin: bare(code, stdin),
+                "started": lambda code=code, stdin=stdin: sandboxed(started_box, code, stdin),
+                "zygote": lambda code=code, stdin=stdin: sandboxed(zygote_box, code, stdin),
+            }
+            for c in concurrencies:
+                for fn in fns.values():
+                    await rate(fn, 4, c)  # warm caches
+                per_round: dict[str, list[float]] = {way: [] for way in WAYS}
+                for r in range(rounds):
+                    order = WAYS[r % 3 :] + WAYS[: r % 3]
+                    for way in order:
+                        per_round[way].append(await rate(fns[way], n, c))
+                row = {
+                    "snippet": name,
+                    "concurrency": c,
+                    **{f"{way}_runs_per_s": statistics.median(per_round[way]) for way in WAYS},
+                    "zygote_vs_bare": _spread(
+                        [z / b for z, b in zip(per_round["zygote"], per_round["bare"], strict=True)]
+                    ),
+                    "started_vs_bare": _spread(
+                        [s / b for s, b in zip(per_round["started"], per_round["bare"], strict=True)]
+                    ),
+                    "zygote_vs_started": _spread(
+                        [z / s for z, s in zip(per_round["zygote"], per_round["started"], strict=True)]
+                    ),
+                }
+                rows.append(row)
+                logger.info("%s", row)
+        report["rows"] = rows
+        report["load_after"] = _load()
+        return report
+    finally:
+        zygote_box.close()
+        started_box.close()
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def table(report: dict[str, object]) -> str:
+    lines = [
+        f"machine: {report['machine']}; load average before {report['load_before']}, after {report['load_after']}",
+        f"zygote active: {report['zygote']} {report['zygote_notes'] or ''}; namespaces: {report['namespaces']}; "
+        f"{report['n']} runs per way and round, {report['rounds']} rounds",
+        "",
+        "| snippet | concurrency | bare runs/s | started runs/s | zygote runs/s | started / bare | zygote / bare "
+        "| zygote / started |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:  # type: ignore[attr-defined]
+        ratios = [row[k] for k in ("started_vs_bare", "zygote_vs_bare", "zygote_vs_started")]
+        lines.append(
+            f"| {row['snippet']} | {row['concurrency']} | {row['bare_runs_per_s']:.1f} "
+            f"| {row['started_runs_per_s']:.1f} | {row['zygote_runs_per_s']:.1f} | "
+            + " | ".join(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" for r in ratios)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, object], path: Path) -> None:
+    """A small bar chart of runs/s per way, one group per snippet and concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report["rows"]  # type: ignore[assignment]
+    labels = [f"{r['snippet']}\nx{r['concurrency']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=100)
+    width = 0.27
+    colors = {"bare": "#9e9e9e", "started": "#e07b39", "zygote": "#2e7d32"}
+    for k, way in enumerate(WAYS):
+        values = [r[f"{way}_runs_per_s"] for r in rows]
+        bars = ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=way, color=colors[way])
+        if way == "zygote":
+            for bar, r in zip(bars, rows, strict=True):
+                ax.annotate(f"{r['zygote_vs_bare']['median']:.1f}x", (bar.get_x() + width / 2, bar.get_height()),
+                            ha="center", va="bottom", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(rows)), labels, fontsize=8)
+    ax.margins(y=0.12)
+    ax.set_ylabel("runs / s")
+    ax.set_title(f"Trivial programs per second ({os.cpu_count()} cores; zygote / bare on the bars)", fontsize=9)
+    ax.legend(fontsize=8, frameon=False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--n", type=int, default=100)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=60, help="runs per way, snippet, concurrency and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, os.cpu_count() or 2])
+    parser.add_argument("--quick", action="store_true", help="--n 20 --rounds 3, the print snippet only")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--png", type=Path, help="draw them here")
     args = parser.parse_args()
-    asyncio.run(main_async(args.n, args.concurrency))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if args.quick:
+        args.n = 20
+        SNIPPETS.pop("stdin")
+    report = asyncio.run(measure(args.n, args.rounds, args.concurrency))
+    print(table(report))  # the benchmark's output
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    if args.png:
+        plot(report, args.png)
 
 
 if __name__ == "__main__":

@@ -18,16 +18,21 @@ rest of the launcher). It runs before anything untrusted and must not import age
    Without ``fs``, or if building it fails: the host's tree with private tmpfs over ``/tmp``,
    ``/var/tmp``, ``/dev/shm`` and an empty read-only tmpfs over each ``hidden`` directory (deny-list);
 4. PID namespace: PID 1 forks the program as PID 2 (PID 1 ignores default-action signals such as the
-   CPU limit's SIGXCPU, so the program must not be PID 1);
+   CPU limit's SIGXCPU, so the program must not be PID 1) and reaps every orphan until the program exits;
+   with a ``report_fd`` (zygote runs) it then kills what is left and reports the exit status there;
 5. resource limits (CPU seconds, address space, file size, open files, processes, no core dumps);
-6. as root: drop to the run's own uid/gid (``uid``); always ``no_new_privs``;
-7. ``exec`` the interpreter on the program in the working directory (:func:`main`).
+6. as root: drop to the run's own uid/gid (``uid``); always: clear every capability (a zygote child has
+   no ``execve`` to do it; in a user namespace it holds them all) and ``no_new_privs``;
+7. ``exec`` the interpreter on the program in the working directory (:func:`main`); in a zygote child the
+   program runs in the prepared process instead (:mod:`agentboost.sandbox._zygote`).
 
 Every process of the chain asks the kernel to SIGKILL it when its parent dies (``PDEATHSIG``), so
 killing the worker that started a sandbox takes the whole sandbox down with it. Each layer that cannot
 be set up is reported on stderr with the marker below and the run continues with what could be set up,
 so the caller can report which isolation is active.
 """
+
+# ruff: noqa: SIM105 - no contextlib here: the launcher imports as little as it can
 
 import ctypes
 import marshal
@@ -44,7 +49,13 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 4096, 8192, 16384, 1 << 18
 MNT_DETACH = 2
 EINVAL = 22
+S_IFREG = 0o100000
+MOUNT_SETATTR = 442  # the same number on every architecture (syscalls added since Linux 5.1 share one table)
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 1, 2, 4
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 PR_SET_NO_NEW_PRIVS = 38
 SIGINT, SIGKILL = 2, 9
 SIG_DFL, SIG_IGN = 0, 1
@@ -55,6 +66,21 @@ PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc6
 NAMESPACES = ((CLONE_NEWNET, "net"), (CLONE_NEWNS, "mount"), (CLONE_NEWPID, "pid"))
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
+                ("userns_fd", ctypes.c_uint64)]  # fmt: skip
+
+
 _libc.signal.argtypes, _libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
 
 
@@ -126,6 +152,38 @@ def _enter_namespaces(cfg, root):
 
 def _wait_and_exit(child):
     _, status = os.waitpid(child, 0)
+    _exit_like(status)
+
+
+def _close_stdio():
+    """A process that only waits lets go of the program's pipes: the host sees their end as soon as the
+    program (and what it left) is gone, not when the namespace is torn down."""
+    for fd in (0, 1, 2):
+        os.close(fd)
+
+
+def _reap_until(program, report):
+    """PID 1: reap every process re-parented to it (orphans of the program) until the program exits; then
+    kill whatever it left (only this PID namespace's processes: PID 1 is never signalled by kill(-1)) and,
+    given a ``report`` socket, send the exit status there at once (the namespace's teardown is slower)."""
+    while True:
+        pid, status = os.wait()
+        if pid == program:
+            break
+    code = 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    if report is not None:
+        try:
+            os.kill(-1, SIGKILL)
+        except OSError:
+            pass  # nothing left
+        try:
+            os.write(report, b"X" + code.to_bytes(4, sys.byteorder, signed=True))
+        except OSError:
+            pass  # the host stopped listening (it killed the run)
+    os._exit(code)
+
+
+def _exit_like(status):
     if os.WIFSIGNALED(status):
         os._exit(128 + os.WTERMSIG(status))
     os._exit(os.WEXITSTATUS(status))
@@ -135,34 +193,21 @@ def _die_with_parent():
     _libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
 
 
-def _bind(source, target, is_dir, flags):
-    """Bind ``source`` at ``target`` and remount it with ``flags`` plus the source's locked flags."""
-    parent = os.path.dirname(target)
-    if not os.path.isdir(parent):
-        os.makedirs(parent, 0o755)
-    if is_dir:
-        if not os.path.isdir(target):
-            os.mkdir(target, 0o755)
-    elif not os.path.lexists(target):
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-    try:
-        _mount(source, target, None, MS_BIND, None)
-    except OSError as exc:
-        if exc.errno != EINVAL:  # EINVAL: locked mounts below it (user namespace); take them along
-            raise
-        _mount(source, target, None, MS_BIND | MS_REC, None)
+def _bind(source, target, flags):
+    """Bind ``source`` at the existing ``target`` and remount it with ``flags`` plus its locked flags."""
+    _mount(source, target, None, MS_BIND, None)
+    _remount(source, target, flags)
+
+
+def _remount(source, target, flags):
+    """Remount the bind at ``target`` with ``flags`` plus the flags of ``source``'s mount that a user
+    namespace cannot clear (read-only, nosuid, nodev, noexec)."""
     locked = os.statvfs(source).f_flag
     for st_flag, ms_flag in ((os.ST_RDONLY, MS_RDONLY), (os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV),
                              (os.ST_NOEXEC, MS_NOEXEC)):  # fmt: skip
         if locked & st_flag:
             flags |= ms_flag
     _mount(None, target, None, MS_BIND | MS_REMOUNT | flags, None)
-
-
-def _tmpfs(target, options, flags=MS_NOSUID | MS_NODEV | MS_NOEXEC):
-    if not os.path.isdir(target):
-        os.makedirs(target, 0o755)
-    _mount("tmpfs", target, "tmpfs", flags, options)
 
 
 def _pivot(new_root):
@@ -177,39 +222,92 @@ def _pivot(new_root):
     os.chdir("/")
 
 
+class _Skeleton:
+    """Directories and files created in the fresh stage, tracked here: nothing there needs a ``stat``."""
+
+    def __init__(self, stage):
+        self.made = {stage}
+
+    def dir(self, path, mode=0o755):
+        if path not in self.made:
+            self.dir(os.path.dirname(path))
+            os.mkdir(path, mode)
+            self.made.add(path)
+
+    def file(self, path):
+        self.dir(os.path.dirname(path))
+        os.mknod(path, S_IFREG | 0o644)
+
+
+def _read_only_tree(path):
+    """Make every mount at and below ``path`` read-only, nosuid and nodev in one call (``mount_setattr``,
+    Linux 5.12); False where the kernel cannot (the caller then remounts each bind)."""
+    attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
+    done = _libc.syscall(ctypes.c_long(MOUNT_SETATTR), AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
+                         ctypes.c_size_t(ctypes.sizeof(attr)))  # fmt: skip
+    return done == 0
+
+
 def _fresh_root(fs, workdir, proc):
-    """Build the deny-by-default root (see the module doc, step 3) and switch into it."""
+    """Build the deny-by-default root (see the module doc, step 3) and switch into it. The stage is new
+    and empty, so its skeleton (mount points, links) is made without looking; the read-only binds go in
+    first and are made read-only together, then what stays writable (devices, /tmp, /dev/shm, workdir)."""
     stage = fs["stage"]
     _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
-    _tmpfs(stage + "/tmp", f"size={fs['tmp_mb']}m,mode=1777")
+    skeleton = _Skeleton(stage)
+    binds, hides = [], []
     for op in fs["ops"]:
         kind, path = op[0], op[1]
         if kind == "link":
-            parent = os.path.dirname(stage + path)
-            if not os.path.isdir(parent):
-                os.makedirs(parent, 0o755)
+            skeleton.dir(os.path.dirname(stage + path))
             os.symlink(op[2], stage + path)
         elif kind == "ro":
-            _bind(path, stage + path, op[2], MS_RDONLY | MS_NOSUID | MS_NODEV)
+            skeleton.dir(stage + path) if op[2] else skeleton.file(stage + path)
+            binds.append(path)
         elif kind == "hide":
-            _mount("tmpfs", stage + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
+            hides.append(stage + path)
     for name in DEVICES:
-        _bind("/dev/" + name, stage + "/dev/" + name, False, MS_NOSUID | MS_NOEXEC)
+        skeleton.file(stage + "/dev/" + name)
     for name, target in DEV_LINKS:
         os.symlink(target, stage + "/dev/" + name)
-    _tmpfs(stage + "/dev/shm", f"size={fs['tmp_mb']}m,mode=1777")
-    _bind(workdir, stage + workdir, True, MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for directory in ("/tmp", "/dev/shm"):
+        skeleton.dir(stage + directory)
+    in_tmp = workdir.startswith(("/tmp/", "/dev/shm/"))
+    if not in_tmp:
+        skeleton.dir(stage + workdir)
+    if proc:
+        skeleton.dir(stage + "/proc", 0o555)
+    for path in binds:
+        try:
+            _mount(path, stage + path, None, MS_BIND, None)
+        except OSError as exc:
+            if exc.errno != EINVAL:  # EINVAL: locked mounts below it (user namespace); take them along
+                raise
+            _mount(path, stage + path, None, MS_BIND | MS_REC, None)
+    for target in hides:
+        _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
+    read_only = _read_only_tree(stage)
+    if not read_only:
+        for path in binds:
+            _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    for directory in ("/tmp", "/dev/shm"):
+        _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={fs['tmp_mb']}m,mode=1777")
+    for name in DEVICES:
+        _bind("/dev/" + name, stage + "/dev/" + name, MS_NOSUID | MS_NOEXEC)
+    if in_tmp:
+        skeleton.dir(stage + workdir)  # inside the private /tmp just mounted
+    _bind(workdir, stage + workdir, MS_NOSUID | MS_NODEV | MS_NOEXEC)
     if proc:
         try:
-            os.mkdir(stage + "/proc", 0o555)
             _mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
         except OSError as exc:
             _note(f"no-private-proc {exc}")
     _pivot(stage)
-    try:
-        _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
-    except OSError as exc:
-        _note(f"no-read-only-root {exc}")
+    if not read_only:
+        try:
+            _mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        except OSError as exc:
+            _note(f"no-read-only-root {exc}")
 
 
 def _deny_list(cfg, proc):
@@ -230,6 +328,15 @@ def _deny_list(cfg, proc):
             _note(f"no-private-proc {exc}")
 
 
+def _drop_capabilities():
+    """Clear every capability (effective, permitted, inheritable; ambient with them) and make the process
+    dumpable again, as ``execve`` of the interpreter would: a zygote child runs the program without one,
+    and in a user namespace it would otherwise keep the namespace's full capabilities."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    _check(_libc.capset(ctypes.byref(header), (_CapData * 2)()), "capset")
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+
+
 def prepare(cfg):
     """Set up every layer; returns in the program's process, ready to ``exec`` (see :func:`main`).
     Works in a process started for the purpose or freshly forked: it relies on no launcher state."""
@@ -241,6 +348,7 @@ def prepare(cfg):
     if got & CLONE_NEWPID:
         child = os.fork()
         if child:
+            _close_stdio()
             _wait_and_exit(child)
         _die_with_parent()
     if got & CLONE_NEWNS:
@@ -258,15 +366,19 @@ def prepare(cfg):
                     _note(f"no-fresh-root {exc}")
             if not built:
                 _deny_list(cfg, bool(got & CLONE_NEWPID))
+    report = cfg.get("report_fd")
     if got & CLONE_NEWPID:
         # PID 1 stays a reaper the program cannot stop: from inside, the kernel drops every signal PID 1
         # has no handler for, and Python's one handler (SIGINT) is ignored; the program gets it back.
         _libc.signal(SIGINT, SIG_IGN)  # (not the signal module: importing it costs milliseconds)
         program = os.fork()
         if program:
-            _wait_and_exit(program)
+            _close_stdio()
+            _reap_until(program, report)
         _libc.signal(SIGINT, SIG_DFL)
         _die_with_parent()
+    if report is not None:
+        os.close(report)  # the program never holds the status channel
 
     for name, value in cfg.get("rlimits", {}).items():
         soft, hard = (value, value) if not isinstance(value, list) else value
@@ -284,6 +396,7 @@ def prepare(cfg):
         except OSError as exc:
             _note(f"no-uid-drop {exc}")
     _die_with_parent()  # again: changing credentials clears it
+    _drop_capabilities()
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(cfg["workdir"])

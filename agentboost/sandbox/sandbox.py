@@ -20,6 +20,13 @@ Every execution gets:
 Which layers are active on this machine is probed once with a real execution (:meth:`Sandbox.isolation`)
 and logged: WARNING naming every missing layer and what it means, INFO when all are active. A layer that
 cannot be set up is reported, never silently assumed.
+
+Runs are forked from a warm interpreter, the zygote (:mod:`agentboost.sandbox.zygote`), where the PID
+namespace and a private ``/proc`` keep it out of every run's sight and reach: each child goes through the
+same setup (:func:`_launcher.prepare`) and then runs the program in place of starting an interpreter
+(that start is most of a run's cost). The zygote is used only after the same probe, run through it,
+shows the same layers; otherwise, with ``SandboxConfig(zygote=False)``, and for a run whose zygote failed,
+each run starts the launcher and the interpreter as described above. ``isolation()["zygote"]`` says which.
 """
 
 from __future__ import annotations
@@ -38,13 +45,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .rootfs import RootPlan, RootPlanError, plan_for
 from .uids import UidLease, kill_uid, lock_dir, try_lease
+from .zygote import Zygote, ZygoteError, ZygoteRun
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +60,11 @@ LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _BOOT = f"import sys; sys.path.append({str(Path(__file__).parent)!r}); import _launcher; _launcher.main()"
 """Runs the launcher as a module, not a script: its bytecode is cached (a script is compiled on every run)."""
 _MARK = "agentboost-sandbox:"
+_ZYGOTE_RESTARTS = 3
+"""A zygote that died this many times (not through a program: it is out of their reach) stays off."""
+_DRAIN_S = 2.0
+_INLINE_BYTES = 256 * 1024
+_FINISH_S = 5.0
 _SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
 _SYSTEM_DIRS = frozenset({"/", "/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/etc", "/var", "/tmp", "/run",
                           "/opt", "/srv", "/home", "/boot", "/mnt", "/media", "/proc", "/sys", "/dev"})  # fmt: skip
@@ -142,6 +155,8 @@ class SandboxConfig:
     interpreter or the sandbox root (a stdlib-only sandbox prefers a system interpreter outside them).
     ``isolation()["hidden_paths"]`` lists those the program cannot see into, ``["exposed_paths"]`` the
     others."""
+    zygote: bool = True
+    """Fork runs from a warm interpreter where that isolates them as well as starting one does (module doc)."""
 
 
 @dataclass
@@ -184,6 +199,11 @@ class Sandbox:
         self._stage.mkdir(mode=0o755, exist_ok=True)
         self._lock_dir = lock_dir() if self._uses_uids else None
         self._hide = self._hide_candidates()
+        self._zygote: Zygote | None = None
+        self._zygote_lock = threading.Lock()
+        self._zygote_off: str | None = None
+        """Why runs start cold although the zygote was found usable (it kept dying); None: it did not."""
+        self._zygote_restarts = 0
         self.executions = 0
 
     @property
@@ -213,7 +233,9 @@ class Sandbox:
         """Which isolation layers are active (probed once with a real execution): every layer of
         :data:`LAYERS` and :data:`NOT_PROVIDED` as True/False, plus ``python``, ``namespaces``,
         ``hidden_paths``, ``exposed_paths``, ``visible_paths`` (the host paths a deny-by-default root
-        shows, read-only; None without one) and ``notes``. Logged once per process."""
+        shows, read-only; None without one), ``zygote`` (runs fork from a warm interpreter; when False
+        a ``no-zygote`` note says why), ``locale`` (the program's ``LC_CTYPE`` and UTF-8 mode at start)
+        and ``notes``. Logged once per process."""
         if self._isolation is None:
             with self._probe_lock:
                 if self._isolation is None:
@@ -242,7 +264,7 @@ class Sandbox:
             try:
                 return await self._run(code, stdin, timeout_s or self.config.wall_s, lease,
                                        self._python or sys.executable, stdout_cap=stdout_cap,
-                                       kill_on_overflow=kill_on_overflow)  # fmt: skip
+                                       kill_on_overflow=kill_on_overflow, zygote=await self._warm())  # fmt: skip
             finally:
                 if lease is not None:
                     lease.release()
@@ -251,6 +273,64 @@ class Sandbox:
 
     def run_sync(self, code: str, *, stdin: str = "", timeout_s: float | None = None) -> SandboxResult:
         return asyncio.run(self.run(code, stdin=stdin, timeout_s=timeout_s))
+
+    def close(self) -> None:
+        """Stop the zygote (runs in flight are killed); later runs start a new one."""
+        with self._zygote_lock:
+            zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
+
+    # -- the zygote ----------------------------------------------------------------------
+    async def _warm(self) -> Zygote | None:
+        """The zygote for the next run, restarted if it is gone; None: this run starts cold."""
+        zygote = self._zygote
+        if zygote is not None and zygote.usable:
+            return zygote
+        if self._zygote_off is not None or not (self._isolation or {}).get("zygote"):
+            return None
+        return await asyncio.to_thread(self._replace_zygote, zygote)
+
+    def _replace_zygote(self, old: Zygote | None) -> Zygote | None:
+        with self._zygote_lock:
+            if self._zygote is not old:  # replaced meanwhile
+                return self._zygote
+            if old is not None:
+                if old.usable:
+                    return old
+                if old._owner == os.getpid():  # it died (not merely inherited through fork)
+                    self._zygote_restarts += 1
+                    logger.warning("sandbox zygote (pid %d) died: %s", old.pid, old.diagnostics() or "no output")
+                old.close()
+                self._zygote = None
+            if self._zygote_restarts > _ZYGOTE_RESTARTS:
+                self._zygote_off = f"the zygote died {self._zygote_restarts} times"
+                logger.warning("sandbox zygote disabled (%s): every run starts its interpreters", self._zygote_off)
+                return None
+            try:
+                locale = (self._isolation or {}).get("locale") or ["", 0]
+                self._zygote = self._new_zygote(self._python or sys.executable, locale)
+            except ZygoteError as exc:
+                self._zygote_off = str(exc)
+                logger.warning("sandbox zygote disabled (%s): every run starts its interpreters", exc)
+            return self._zygote
+
+    def _new_zygote(self, python: str, locale: list[Any]) -> Zygote:
+        """A zygote whose interpreter starts as the program's does, in the locale its root gives it (a
+        fresh root has no locale data: there the C locale and Python's UTF-8 mode)."""
+        env = self._program_env("/")
+        if locale[0] == "C":
+            env["LC_ALL"] = "C"  # the C locale, as in the program's root (a run's environment is its own)
+        return Zygote(self._program_argv(python)[:-1], env)
+
+    def _zygote_failed(self, zygote: Zygote, exc: ZygoteError) -> None:
+        """A run could not go through ``zygote``: it runs cold, and the next run gets a new zygote."""
+        logger.warning("sandbox zygote failed a run (%s); running it cold", exc)
+        with self._zygote_lock:
+            if self._zygote is zygote:
+                self._zygote = None
+                self._zygote_restarts += 1
+        zygote.close()
 
     # -- slots -------------------------------------------------------------------------
     # Waiting for a slot must not hold a thread: runs queue up on their event loops (any number of
@@ -309,21 +389,30 @@ class Sandbox:
         return bool(self._isolation and self._isolation.get("pid_namespace"))
 
     # -- execution ---------------------------------------------------------------------
-    def _launch_config(self, workdir: Path, uid: int | None, python: str) -> dict[str, Any]:
+    def _program_argv(self, python: str, script: str = "main.py") -> list[str]:
         c = self.config
         plan = self._plan if c.deny_by_default and c.private_tmp else None
         argv = [plan.executable if plan else python, "-I", "-B"]
         if not c.site_packages:
             argv.append("-S")
-        argv.append("main.py")
-        env = {
+        return [*argv, script]
+
+    @staticmethod
+    def _program_env(workdir: str) -> dict[str, str]:
+        return {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(workdir),
-            "TMPDIR": str(workdir),
+            "HOME": workdir,
+            "TMPDIR": workdir,
             "LANG": "C.UTF-8",
             "PYTHONIOENCODING": "utf-8",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+
+    def _launch_config(self, workdir: Path, uid: int | None, python: str, *, script: str = "main.py") -> dict[str, Any]:
+        c = self.config
+        plan = self._plan if c.deny_by_default and c.private_tmp else None
+        argv = self._program_argv(python, script)
+        env = self._program_env(str(workdir))
         private_dirs = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not _inside(str(self._root), d)]
         fs = {"stage": str(self._stage), "ops": list(plan.ops), "tmp_mb": c.tmp_mb} if plan else None
         return {
@@ -348,14 +437,15 @@ class Sandbox:
             },
         }
 
-    def _make_workdir(self, code: str, uid: int | None) -> Path:
+    def _make_workdir(self, files: dict[str, str], uid: int | None) -> Path:
         if uid is not None and not self._contained_by_pid_namespace():
             kill_uid(uid)  # strays of a holder of this uid that died (we hold the lease now)
         workdir = self._root / f"run-{secrets.token_hex(8)}"
         workdir.mkdir(mode=0o700)
-        (workdir / "main.py").write_text(code, encoding="utf-8")
+        for name, text in files.items():
+            (workdir / name).write_text(text, encoding="utf-8")
         if uid is not None:
-            for path in (workdir, workdir / "main.py"):
+            for path in (workdir, *(workdir / name for name in files)):
                 os.chown(path, uid, uid)
         return workdir
 
@@ -369,58 +459,149 @@ class Sandbox:
         *,
         stdout_cap: int | None = None,
         kill_on_overflow: bool = False,
+        zygote: Zygote | None = None,
     ) -> SandboxResult:
         started = time.monotonic()
-        uid = lease.uid if lease is not None else None
-        workdir = await asyncio.to_thread(self._make_workdir, code, uid)
-        config = self._launch_config(workdir, uid, python)
-        proc = None
+        run = await self._launch({"main.py": code}, lease, python, zygote)
+        readers: list[_CappedReader] = []
         try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", "-c", _BOOT, marshal.dumps(config).hex(),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                env=config["env"], cwd=str(workdir), start_new_session=True,
-            )  # fmt: skip
-            pid = proc.pid
-            overflow = (lambda: self._kill(pid, uid)) if kill_on_overflow else None
-            out_task = asyncio.ensure_future(_read_capped(proc.stdout, stdout_cap or self.config.stdout_cap, overflow))
-            err_task = asyncio.ensure_future(_read_capped(proc.stderr, self.config.stderr_cap))
-            feed = asyncio.ensure_future(_feed(proc.stdin, stdin.encode("utf-8", errors="replace")))
+            proc = run.proc
+            cap = stdout_cap or self.config.stdout_cap
+            out = _CappedReader(run.stdout, cap, proc.kill if kill_on_overflow else None)
+            err = _CappedReader(run.stderr, self.config.stderr_cap)
+            readers = [out, err]
+            feed = asyncio.ensure_future(_feed(run.stdin, stdin.encode("utf-8", errors="replace")))
             timed_out = False
             try:
-                await asyncio.wait_for(proc.wait(), timeout=timeout_s)
-            except (TimeoutError, asyncio.TimeoutError):
-                timed_out = True
-            self._kill(proc.pid, uid)
-            if timed_out:
-                await proc.wait()
-            (stdout, out_cut), (stderr, err_cut) = await asyncio.gather(out_task, err_task)
+                try:
+                    await asyncio.wait_for(proc.wait(), timeout=timeout_s)
+                except (TimeoutError, asyncio.TimeoutError):
+                    timed_out = True
+                proc.kill()
+                status = await proc.wait()
+            except ZygoteError as exc:  # the zygote died under this run: its outcome is unknown
+                feed.cancel()
+                assert zygote is not None
+                self._zygote_failed(zygote, exc)
+                return await self._run(code, stdin, timeout_s, lease, python, stdout_cap=stdout_cap,
+                                       kill_on_overflow=kill_on_overflow)  # fmt: skip
+            await _drain(readers)
             feed.cancel()
-            status = proc.returncode
-            # The launcher reports a program killed by signal N as exit status 128 + N.
-            sig = -status if status is not None and status < 0 else (status - 128 if status and status > 128 else None)
-            notes, stderr_text = _split_notes(stderr.decode("utf-8", errors="replace"))
-            if uid is not None and any(n.startswith("no-pid-namespace") for n in notes):
-                await asyncio.to_thread(kill_uid, uid)  # this run had no PID namespace to take its strays down
+            sig = _signal_of(status)
+            notes, stderr_text = _split_notes(err.data.decode("utf-8", errors="replace"))
+            if run.uid is not None and any(n.startswith("no-pid-namespace") for n in notes):
+                await asyncio.to_thread(kill_uid, run.uid)  # this run had no PID namespace to take its strays down
             self.executions += 1
             return SandboxResult(
-                stdout=stdout.decode("utf-8", errors="replace"),
+                stdout=out.data.decode("utf-8", errors="replace"),
                 stderr=stderr_text,
                 exit_code=None if timed_out or sig is not None else status,
                 signal=sig,
                 timed_out=timed_out,
-                stdout_truncated=out_cut,
-                stderr_truncated=err_cut,
+                stdout_truncated=out.truncated,
+                stderr_truncated=err.truncated,
                 wall_s=time.monotonic() - started,
                 isolation_notes=notes,
-                uid=uid,
+                uid=run.uid,
             )
         finally:
-            if proc is not None and proc.returncode is None:
-                self._kill(proc.pid, uid)
-                with contextlib.suppress(ProcessLookupError):
-                    await proc.wait()
+            for reader in readers:
+                reader.close()
+            await self._dispose(run)
+
+    @contextlib.asynccontextmanager
+    async def _session(self, files: dict[str, str], *, script: str) -> AsyncIterator[_Run]:
+        """A program that talks with this process while it runs (the batch harness): ``files`` written
+        into its working directory, ``script`` started with every isolation layer of a run; killed and
+        cleaned up when the block ends. Takes a slot and a run identity like :meth:`run`."""
+        if self._isolation is None:
+            await asyncio.to_thread(self.isolation)
+        slot = await self._acquire()
+        try:
+            lease = await self._lease(slot)
+            try:
+                run = await self._launch(files, lease, self._python or sys.executable, await self._warm(),
+                                         script=script)  # fmt: skip
+                try:
+                    yield run
+                finally:
+                    await self._dispose(run)
+            finally:
+                if lease is not None:
+                    lease.release()
+        finally:
+            self._release(slot)
+
+    async def _launch(
+        self,
+        files: dict[str, str],
+        lease: UidLease | None,
+        python: str,
+        zygote: Zygote | None,
+        *,
+        script: str = "main.py",
+    ) -> _Run:
+        """Make the working directory with ``files`` and start ``script`` in it (see :meth:`_start`)."""
+        uid = lease.uid if lease is not None else None
+        if self._contained_by_pid_namespace() and sum(map(len, files.values())) <= _INLINE_BYTES:
+            workdir = self._make_workdir(files, uid)  # a directory and small files: less than a thread hop
+        else:
+            workdir = await asyncio.to_thread(self._make_workdir, files, uid)
+        config = self._launch_config(workdir, uid, python, script=script)
+        try:
+            proc, (stdin, stdout, stderr) = await self._start(config, workdir, uid, zygote)
+        except BaseException:
+            await self._remove_workdir(workdir, files)
+            raise
+        return _Run(workdir, uid, proc, _Fd(stdin), _Fd(stdout), _Fd(stderr), tuple(files))
+
+    async def _dispose(self, run: _Run) -> None:
+        """Kill what is left of ``run``, release its descriptors and remove its working directory (whoever
+        read or wrote a pipe has stopped watching it by now)."""
+        for pipe in (run.stdin, run.stdout, run.stderr):
+            pipe.close()
+        await run.proc.finish()
+        await self._remove_workdir(run.workdir, run.files)
+
+    @staticmethod
+    async def _remove_workdir(workdir: Path, files: Any) -> None:
+        try:  # the common case, the files as written and nothing else: a few system calls
+            for name in files:
+                os.unlink(workdir / name)
+            os.rmdir(workdir)
+        except OSError:
             await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    async def _start(
+        self, config: dict[str, Any], workdir: Path, uid: int | None, zygote: Zygote | None
+    ) -> tuple[_Process, tuple[int, int, int]]:
+        """Start the program (forked by ``zygote``, else cold); returns it and this side's pipe ends
+        (stdin to write, stdout and stderr to read)."""
+        if zygote is not None:
+            pipes = _pipes()
+            try:
+                run = await zygote.spawn(config, pipes[0][0], pipes[1][1], pipes[2][1])
+            except ZygoteError as exc:
+                for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                    os.close(fd)
+                self._zygote_failed(zygote, exc)
+            else:
+                return _ForkedProcess(run), (pipes[0][1], pipes[1][0], pipes[2][0])
+        pipes = _pipes()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-I", "-S", "-c", _BOOT, marshal.dumps(config).hex(),
+                stdin=pipes[0][0], stdout=pipes[1][1], stderr=pipes[2][1],
+                env=config["env"], cwd=str(workdir), start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            for fd in (pipes[0][1], pipes[1][0], pipes[2][0]):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
+                os.close(fd)
+        return _StartedProcess(proc, lambda: self._kill(proc.pid, uid)), (pipes[0][1], pipes[1][0], pipes[2][0])
 
     def _kill(self, pgid: int, uid: int | None) -> None:
         """Kill the run's process group, and (own uid, no PID namespace) every process of its leased uid."""
@@ -478,7 +659,11 @@ class Sandbox:
                 result = asyncio.run(self._probe_run(python, canary, marker))
                 if result.exit_code == 0:
                     self._python = python
-                    return self._layers(python, result, plan_notes)
+                    iso = self._layers(python, result, plan_notes)
+                    if not iso["deny_by_default_fs"]:
+                        self._plan = None  # runs go straight to the deny-list, not failing to build the root each time
+                    iso["zygote"] = self._check_zygote(iso, python, canary, marker, plan_notes)
+                    return iso
                 last_error = f"{python}: exit {result.exit_code}: {result.stderr[-300:]}"
         finally:
             canary.unlink(missing_ok=True)
@@ -486,14 +671,51 @@ class Sandbox:
                 marker.unlink()
         raise RuntimeError(f"no interpreter can run inside the sandbox ({last_error})")
 
-    async def _probe_run(self, python: str, canary: Path, marker: Path) -> SandboxResult:
+    def _check_zygote(
+        self, iso: dict[str, Any], python: str, canary: Path, marker: Path, plan_notes: list[str]
+    ) -> bool:
+        """Start the zygote and probe again through it: runs fork from it only if it gives the same layers
+        (and only where a PID namespace with a private ``/proc`` keeps it out of their reach)."""
+        why = None
+        if not self.config.zygote:
+            why = "SandboxConfig(zygote=False)"
+        elif not (iso["pid_namespace"] and iso["private_proc"]):
+            why = "no PID namespace with a private /proc: a forked program could reach the zygote"
+        if why is not None:
+            iso["notes"].append(f"no-zygote {why}")
+            return False
+        try:
+            zygote = self._new_zygote(python, iso["locale"])
+        except ZygoteError as exc:
+            iso["notes"].append(f"no-zygote {exc}")
+            return False
+        result = asyncio.run(self._probe_run(python, canary, marker, zygote))
+        differ: list[str] = []
+        if not zygote.usable:
+            why = "it failed its probe run"
+        elif result.exit_code != 0:
+            why = f"its probe run failed: exit {result.exit_code}: {result.stderr[-300:]}"
+        else:
+            forked = self._layers(python, result, plan_notes)
+            differ = [k for k in (*LAYERS, "hidden_paths", "exposed_paths", "locale") if forked[k] != iso[k]]
+            why = f"its runs differ from started ones in {', '.join(differ)}" if differ else None
+        self._zygote_restarts = 0
+        if why is not None:
+            zygote.close()
+            iso["notes"].append(f"no-zygote {why}")
+            return False
+        self._zygote = zygote
+        return True
+
+    async def _probe_run(self, python: str, canary: Path, marker: Path, zygote: Zygote | None = None) -> SandboxResult:
         allowed: dict[str, list[str]] = {}  # what a hidden directory may show: the way to the interpreter
         visible = self._plan.visible if self._plan else ()
         for hidden in self._hide:
             allowed[hidden] = sorted({v[len(hidden) :].strip("/").split("/")[0] for v in visible if _inside(v, hidden)})
         probe = (
-            "import json, os, socket\n"
+            "import _locale, json, os, socket, sys\n"
             "r = {'uid': os.getuid(), 'pid': os.getpid()}\n"
+            "r['locale'] = [_locale.setlocale(_locale.LC_CTYPE), sys.flags.utf8_mode]\n"
             "try:\n    r['ifaces'] = sorted(n for _, n in socket.if_nameindex())\n"
             "except OSError:\n    r['ifaces'] = None\n"
             "def readable(p):\n"
@@ -513,7 +735,7 @@ class Sandbox:
         )
         lease = await self._lease(0)
         try:
-            return await self._run(probe, "", 20.0, lease, python)
+            return await self._run(probe, "", 20.0, lease, python, zygote=zygote)
         finally:
             if lease is not None:
                 lease.release()
@@ -531,8 +753,6 @@ class Sandbox:
         ]
         hidden = data["hidden"]
         fresh = mount and self._plan is not None and "no-fresh-root" not in text and not data["canary"]
-        if not fresh:
-            self._plan = None  # runs go straight to the deny-list instead of failing to build the root each time
         return {
             "python": python,
             "namespaces": ("root" if self._is_root else "user namespace") if any(namespaces) else "none",
@@ -549,8 +769,9 @@ class Sandbox:
             "private_proc": data["proc"] is not None and set(data["proc"]) <= {"1", "2"},
             "hidden_paths": hidden,
             "exposed_paths": [p for p in self._hide if p not in hidden],
-            "visible_paths": list(self._plan.visible) if self._plan is not None else None,
+            "visible_paths": list(self._plan.visible) if fresh and self._plan is not None else None,
             "seccomp": False,
+            "locale": data["locale"],
             "notes": notes,
         }
 
@@ -560,57 +781,206 @@ def _log_isolation(iso: dict[str, Any]) -> None:
     every layer this sandbox provides is active."""
     missing = [k for k in LAYERS if iso.get(k) is False]
     exposed = list(iso.get("exposed_paths", ()))
-    key = (tuple(missing), tuple(exposed), iso.get("python"), iso.get("namespaces"))
+    zygote_off = [n[len("no-zygote ") :] for n in iso.get("notes", ()) if n.startswith("no-zygote ")]
+    key = (tuple(missing), tuple(exposed), iso.get("python"), iso.get("namespaces"), tuple(zygote_off))
     with _logged_lock:
         if key in _logged:
             return
         _logged.add(key)
     never = "; ".join(f"{k}: {why}" for k, why in NOT_PROVIDED.items())
+    start = "runs fork from a warm interpreter (zygote)" if iso.get("zygote") else (
+        f"every run starts its interpreters (no zygote: {'; '.join(zygote_off) or 'not probed'})")  # fmt: skip
     if missing or exposed:
         lines = [f"  {k}: {LAYERS[k]}" for k in missing]
         if exposed:
             lines.append(f"  exposed_paths: the program can read {', '.join(exposed)}")
         logger.warning(
-            "sandbox isolation INCOMPLETE (namespaces: %s, interpreter %s); missing layers:\n%s\n(not provided: %s)",
-            iso.get("namespaces"), iso.get("python"), "\n".join(lines), never,
+            "sandbox isolation INCOMPLETE (namespaces: %s, interpreter %s); missing layers:\n%s\n"
+            "(not provided: %s)\n%s",
+            iso.get("namespaces"), iso.get("python"), "\n".join(lines), never, start,
         )  # fmt: skip
     else:
         logger.info(
-            "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); not provided: %s",
-            ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), never,
+            "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); not provided: %s; %s",
+            ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), never, start,
         )  # fmt: skip
 
 
-async def _read_capped(
-    stream: asyncio.StreamReader | None, cap: int, on_overflow: Callable[[], None] | None = None
-) -> tuple[bytes, bool]:
-    """Keep the first ``cap`` bytes; drain (and drop) the rest so the child never blocks on a full pipe.
-    ``on_overflow`` is called once when the output first goes past ``cap``."""
-    if stream is None:
-        return b"", False
-    kept = bytearray()
-    truncated = False
-    while True:
-        chunk = await stream.read(65536)
+def _signal_of(status: int) -> int | None:
+    """The signal that ended a program, from its launcher's exit status (``128 + N``) or its own (``-N``)."""
+    return -status if status < 0 else (status - 128 if status > 128 else None)
+
+
+class _Fd:
+    """A descriptor closed exactly once, by whichever side is done with it first."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+@dataclass
+class _Run:
+    """A started program: its working directory, run uid, process and this side's pipe ends."""
+
+    workdir: Path
+    uid: int | None
+    proc: _Process
+    stdin: _Fd
+    stdout: _Fd
+    stderr: _Fd
+    files: tuple[str, ...]
+
+
+def _pipes() -> list[tuple[int, int]]:
+    """stdin, stdout and stderr pipes of a run (``(read end, write end)`` each, close-on-exec)."""
+    made: list[tuple[int, int]] = []
+    try:
+        for _ in range(3):
+            made.append(os.pipe())
+    except OSError:
+        for pair in made:
+            for fd in pair:
+                os.close(fd)
+        raise
+    return made
+
+
+class _Process:
+    """A started run, whichever way it was started."""
+
+    async def wait(self) -> int:
+        """Exit status (``-N``: killed by signal N); :class:`ZygoteError` if its zygote vanished."""
+        raise NotImplementedError
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    async def finish(self) -> None:
+        """Make sure it is dead and reaped, and release what it holds."""
+        raise NotImplementedError
+
+
+class _StartedProcess(_Process):
+    """A cold run: the launcher started as a subprocess of this process."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, kill: Callable[[], None]) -> None:
+        self._proc = proc
+        self._kill = kill
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    def kill(self) -> None:
+        self._kill()
+
+    async def finish(self) -> None:
+        if self._proc.returncode is None:
+            self._kill()
+            with contextlib.suppress(ProcessLookupError):
+                await self._proc.wait()
+
+
+class _ForkedProcess(_Process):
+    """A warm run: forked by the zygote."""
+
+    def __init__(self, run: ZygoteRun) -> None:
+        self._run = run
+
+    async def wait(self) -> int:
+        return await self._run.wait()
+
+    def kill(self) -> None:
+        self._run.kill()
+
+    async def finish(self) -> None:
+        if self._run.returncode is None:
+            self._run.kill()
+            with contextlib.suppress(ZygoteError, OSError, TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._run.wait(), timeout=_FINISH_S)
+        self._run.close()
+
+
+class _CappedReader:
+    """Reads a pipe to its end on the running loop, keeping the first ``cap`` bytes and dropping the rest
+    (so the writer never blocks on a full pipe); ``on_overflow`` is called once when it goes past ``cap``."""
+
+    def __init__(self, pipe: _Fd, cap: int, on_overflow: Callable[[], None] | None = None) -> None:
+        self._pipe = pipe
+        self._fd = pipe.fd
+        self._cap = cap
+        self._kept = bytearray()
+        self._on_overflow = on_overflow
+        self.truncated = False
+        self._loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        os.set_blocking(self._fd, False)
+        self._loop.add_reader(self._fd, self._ready)
+
+    @property
+    def data(self) -> bytes:
+        return bytes(self._kept)
+
+    def _ready(self) -> None:
+        try:
+            chunk = os.read(self._fd, 65536)  # one read per wake-up: a flood cannot starve the loop
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
         if not chunk:
-            return bytes(kept), truncated
-        room = cap - len(kept)
+            self.close()
+            return
+        room = self._cap - len(self._kept)
         if room > 0:
-            kept.extend(chunk[:room])
+            self._kept += chunk[:room]
         if len(chunk) > max(room, 0):
-            if not truncated and on_overflow is not None:
-                on_overflow()
-            truncated = True
+            if not self.truncated and self._on_overflow is not None:
+                self._on_overflow()
+            self.truncated = True
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            self._pipe.close()
+            self._fd = -1
+        if not self.done.done():
+            self.done.set_result(None)
 
 
-async def _feed(writer: asyncio.StreamWriter | None, data: bytes) -> None:
-    if writer is None:
-        return
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        if data:
-            writer.write(data)
-            await writer.drain()
-        writer.close()
+async def _drain(readers: list[_CappedReader]) -> None:
+    """Wait for the readers to reach end of file: at once when every process of the run is gone; a
+    process that left its session and holds the pipe (no PID namespace) costs at most ``_DRAIN_S``."""
+    await asyncio.wait([r.done for r in readers], timeout=_DRAIN_S)
+
+
+async def _feed(stdin: _Fd, data: bytes) -> None:
+    """Write ``data`` to the program's stdin without blocking the loop, then close it (end of file)."""
+    loop = asyncio.get_running_loop()
+    view = memoryview(data)
+    try:
+        os.set_blocking(stdin.fd, False)
+        while view and stdin.fd >= 0:
+            try:
+                view = view[os.write(stdin.fd, view[:65536]) :]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:  # the program closed its stdin or exited
+                return
+            writable = loop.create_future()
+            fd = stdin.fd
+            loop.add_writer(fd, writable.set_result, None)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
+    finally:
+        stdin.close()
 
 
 def _split_notes(stderr: str) -> tuple[list[str], str]:

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .batch import BatchInput, check_batches, run_batch
 from .sandbox import Sandbox, SandboxResult
 
 PASSED, WRONG, ERROR, TIMEOUT = "passed", "wrong answer", "runtime error", "time limit exceeded"
@@ -176,23 +177,23 @@ def _stdout_cap(test: TestCase, sandbox: Sandbox) -> int:
     return max(sandbox.config.stdout_cap, 2 * len(expected.encode("utf-8")) + 4096)
 
 
-async def run_test_case(
-    sandbox: Sandbox,
-    code: str,
-    test: TestCase,
-    *,
-    timeout_s: float,
-    float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE,
-) -> TestOutcome:
-    cap = _stdout_cap(test, sandbox)
+def _program(code: str, test: TestCase) -> str:
     if test.kind == "call":
         assert test.fn_name is not None
-        arguments = test.input if isinstance(test.input, str) else json.dumps(test.input)
-        program = _call_program(code, test.fn_name)
-        result = await sandbox.run(program, stdin=arguments, timeout_s=timeout_s, stdout_cap=cap, kill_on_overflow=True)
-    else:
-        result = await sandbox.run(code, stdin=str(test.input), timeout_s=timeout_s, stdout_cap=cap,
-                                   kill_on_overflow=True)  # fmt: skip
+        return _call_program(code, test.fn_name)
+    return code
+
+
+def _stdin(test: TestCase) -> str:
+    if test.kind == "call":
+        return test.input if isinstance(test.input, str) else json.dumps(test.input)
+    return str(test.input)
+
+
+def judge(
+    test: TestCase, result: SandboxResult, float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE
+) -> TestOutcome:
+    """The verdict on one test from what the program did (the same whether it ran alone or in a batch)."""
     if result.stdout_truncated:  # killed for it, or flooded as the time ran out: either way too much output
         return TestOutcome(OUTPUT_LIMIT, result.stdout[:2000], result.stderr, result.exit_code)
     if result.timed_out or result.signal == 24:  # wall clock or the CPU limit's SIGXCPU
@@ -206,6 +207,23 @@ async def run_test_case(
     return TestOutcome(PASSED if ok else WRONG, got, result.stderr, result.exit_code)
 
 
+async def _run_alone(sandbox: Sandbox, code: str, test: TestCase, timeout_s: float) -> SandboxResult:
+    return await sandbox.run(_program(code, test), stdin=_stdin(test), timeout_s=timeout_s,
+                             stdout_cap=_stdout_cap(test, sandbox), kill_on_overflow=True)  # fmt: skip
+
+
+async def run_test_case(
+    sandbox: Sandbox,
+    code: str,
+    test: TestCase,
+    *,
+    timeout_s: float,
+    float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE,
+) -> TestOutcome:
+    """One test in a sandbox of its own."""
+    return judge(test, await _run_alone(sandbox, code, test, timeout_s), float_tolerance)
+
+
 async def run_test_cases(
     sandbox: Sandbox,
     code: str,
@@ -214,13 +232,22 @@ async def run_test_cases(
     timeout_s: float = 6.0,
     float_tolerance: float | None = DEFAULT_FLOAT_TOLERANCE,
     stop_after_timeout: bool = False,
+    batch: bool = True,
 ) -> list[TestOutcome]:
-    """Run every test (concurrently, bounded by the sandbox's slots); one outcome per test, in order.
+    """Run every test; one outcome per test, in order.
+
+    Where the sandbox allows it (:func:`~agentboost.sandbox.batch.check_batches`) and ``batch`` is True,
+    the tests of a program run through batch harnesses (each test still a fresh program with its own
+    limits; far less start-up per test); otherwise each test runs in a sandbox of its own, concurrently
+    (bounded by the sandbox's slots). The verdicts are the same either way.
 
     ``stop_after_timeout``: once a test exceeds the time limit, tests not finished yet are cancelled
     and reported ``not run`` (a program that is too slow once cannot pass anyway; this bounds the cost
     of a slow program on a large suite).
     """
+    if batch and len(tests) > 1 and await check_batches(sandbox):
+        return await _run_batched(sandbox, code, tests, timeout_s=timeout_s, float_tolerance=float_tolerance,
+                                  stop_after_timeout=stop_after_timeout)  # fmt: skip
     tasks = [
         asyncio.ensure_future(run_test_case(sandbox, code, t, timeout_s=timeout_s, float_tolerance=float_tolerance))
         for t in tests
@@ -238,3 +265,37 @@ async def run_test_cases(
         for task in tasks:
             task.cancel()
     return [t.result() if not t.cancelled() else TestOutcome(NOT_RUN) for t in tasks]
+
+
+async def _run_batched(
+    sandbox: Sandbox,
+    code: str,
+    tests: list[TestCase],
+    *,
+    timeout_s: float,
+    float_tolerance: float | None,
+    stop_after_timeout: bool,
+) -> list[TestOutcome]:
+    outcomes: list[TestOutcome | None] = [None] * len(tests)
+    groups: dict[str, list[int]] = {}  # one batch per program text (call-based tests carry their driver)
+    for i, test in enumerate(tests):
+        groups.setdefault(_program(code, test), []).append(i)
+    stopped = False
+    for program, members in groups.items():
+        if stopped:
+            break
+
+        def on_result(k: int, result: SandboxResult, members: list[int] = members) -> bool:
+            nonlocal stopped
+            outcome = judge(tests[members[k]], result, float_tolerance)
+            outcomes[members[k]] = outcome
+            stopped = stopped or (stop_after_timeout and outcome.verdict == TIMEOUT)
+            return stopped
+
+        async def single(k: int, members: list[int] = members) -> SandboxResult:
+            return await _run_alone(sandbox, code, tests[members[k]], timeout_s)
+
+        inputs = [BatchInput(_stdin(tests[i]), _stdout_cap(tests[i], sandbox)) for i in members]
+        await run_batch(sandbox, program, inputs, timeout_s=timeout_s, single=single, on_result=on_result,
+                        preload_json=tests[members[0]].kind == "call")  # fmt: skip
+    return [o if o is not None else TestOutcome(NOT_RUN) for o in outcomes]

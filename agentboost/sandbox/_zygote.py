@@ -1,0 +1,129 @@
+"""The sandbox zygote: a warm interpreter that forks one child per run (host side: ``zygote.py``).
+
+Started once per :class:`~agentboost.sandbox.Sandbox` as
+``<program interpreter> -I -B [-S] -c <boot> <control fd>`` with the run environment, stdio pipes and
+``/`` as working directory, it imports the launcher (:func:`_launcher.prepare`) and the runner, says
+``ready`` and waits on its control socket (a ``SOCK_SEQPACKET`` socket pair with the host). Stdlib only,
+single-threaded (it forks), and it never sees a run's data: a request is the launch configuration (paths,
+uid, limits) plus four descriptors passed with ``SCM_RIGHTS``: a status socket and the program's stdin,
+stdout and stderr pipes. The program's code is read from its working directory by the child, after
+every isolation layer is in place; its input and output flow through pipes between the child and the
+host. So nothing one run gives the sandbox can be found in another run's (inherited) memory.
+
+Per request the zygote forks. The child takes a new session, puts the pipes on 0/1/2 and the status
+socket on 3, closes every other descriptor and returns to the boot code, which runs
+:func:`_launcher.prepare` (namespaces, fresh root, rlimits, uid, no capabilities, ``no_new_privs``; the
+program ends up as PID 2 of its own PID namespace, without descriptor 3) and then the program in that
+process (:mod:`_runner`, without ``exec``: that is the interpreter start saved). The zygote sends the
+child's pid and a pidfd on the status socket (the host kills through the pidfd: no pid reuse race). PID 1
+of the run's namespace reports the program's exit status there (``X``) once the program exited and what
+it left is killed, before the namespaces are torn down; the zygote sends the child's own wait status
+(``S``) when it exits (what the host goes by when it killed the run first) and closes the socket.
+
+When the control socket reaches end of file (the host closed it or died) the zygote kills its children
+and exits; the children also die with it (``PDEATHSIG``, set by ``prepare``).
+"""
+
+import _socket
+import gc
+import marshal
+import os
+import select
+import sys
+
+import _launcher
+import _runner
+
+_MAX_REQUEST = 1 << 20
+_FDS_PER_REQUEST = 4
+_REPORT_FD = 3
+
+
+def _fds(ancillary):
+    fds = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds += [int.from_bytes(data[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4)]
+    return fds
+
+
+def _send(fd, payload, pass_fd=None):
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, fd)
+    try:
+        if pass_fd is None:
+            sock.send(payload)
+        else:
+            sock.sendmsg([payload], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, pass_fd.to_bytes(4, sys.byteorder))])
+    except OSError:
+        pass  # the host gave up on this run (cancelled): nothing to tell
+    finally:
+        sock.detach()
+
+
+def serve(control_fd):
+    """Serve run requests until the host goes away. Returns only in a forked child: its configuration."""
+    control = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, control_fd)
+    gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
+    control.send(b"ready")
+    poller = select.poll()
+    poller.register(control_fd, select.POLLIN)
+    children = {}  # pidfd -> (pid, status fd)
+    while True:
+        for fd, _ in poller.poll():
+            if fd != control_fd:
+                pid, status_fd = children.pop(fd)
+                poller.unregister(fd)
+                _, status = os.waitpid(pid, 0)
+                _send(status_fd, b"S" + status.to_bytes(4, sys.byteorder, signed=True))
+                os.close(status_fd)
+                os.close(fd)
+                continue
+            message, ancillary, _, _ = control.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(4 * _FDS_PER_REQUEST))
+            fds = _fds(ancillary)
+            if not message:  # end of file: the host is gone
+                for pid, _ in children.values():
+                    os.kill(pid, 9)  # not reaped yet: the pid is still this child's
+                os._exit(0)
+            if len(fds) != _FDS_PER_REQUEST:
+                for extra in fds:
+                    os.close(extra)
+                continue
+            status_fd, stdio = fds[0], fds[1:]
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                _send(status_fd, b"E" + str(exc).encode())
+                for extra in fds:
+                    os.close(extra)
+                continue
+            if pid == 0:
+                control.detach()  # closed below with everything else; the object must not close it later
+                return _child(message, status_fd, stdio)
+            for extra in stdio:
+                os.close(extra)
+            pidfd = os.pidfd_open(pid)
+            _send(status_fd, b"P" + pid.to_bytes(8, sys.byteorder), pidfd)
+            children[pidfd] = (pid, status_fd)
+            poller.register(pidfd, select.POLLIN)
+
+
+def _child(message, status_fd, stdio):
+    """In the forked child: a session of its own, the run's pipes on 0/1/2, the status socket on 3 (for
+    PID 1 to report the program's exit; the program itself never has it) and no other descriptor."""
+    os.setsid()
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    os.dup2(status_fd, _REPORT_FD)
+    os.closerange(_REPORT_FD + 1, os.sysconf("SC_OPEN_MAX"))
+    cfg = marshal.loads(message)
+    cfg["report_fd"] = _REPORT_FD
+    return cfg
+
+
+def run(cfg, baseline):
+    """Apply every isolation layer, then run the program in this process as a fresh interpreter would."""
+    _launcher.prepare(cfg)
+    script = os.path.join(cfg["workdir"], cfg["argv"][-1])
+    main, shared = _runner.enter(baseline, script, cfg["argv"][-1:], cfg["argv"], cfg["env"])
+    _runner.finish(_runner.run(main), shared)

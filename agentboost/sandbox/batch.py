@@ -1,0 +1,330 @@
+"""Run one program on many inputs through a few sandboxed batch harnesses (:mod:`._harness`).
+
+Why: a code reward runs the final program on every hidden test, up to hundreds; one sandboxed process per
+test pays the sandbox's start-up per test. A harness pays it once per session and forks one child per
+input inside the sandbox, which then starts from the state a fresh interpreter has.
+
+What each input gets, as in a single run: a fresh program (module state, ``sys``, environment, signal
+handlers; the harness's own imports are out of sight), its stdin, its own wall-clock limit (from its fork),
+its CPU-time limit (a child's CPU time starts at 0), its stdout cap (the child is killed as soon as it
+writes more) and stderr cap, and the launcher's exit-status convention (``128 + N`` for signal N). After
+each input every other process of the sandbox is killed and the working directory, ``/tmp`` and
+``/dev/shm`` are put back as the program found them. Differences from single runs: the program's parent is
+the harness and its pid varies; call-based programs start with ``json`` imported (see the harness doc).
+
+Where: only where the sandbox has a PID namespace with a private ``/proc`` and a private ``/tmp``
+(:func:`batch_available`, checked once per sandbox with a real batch); elsewhere callers run one sandbox per
+input. Trust: the harness shares the sandbox with the program, which could tamper with it, so its reports
+are parsed as untrusted bytes. An input whose report is missing, malformed or later than its limit plus a
+margin is run again on its own (``single``) and the harness is replaced: a program gains nothing by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import logging
+import marshal
+import os
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .sandbox import Sandbox, SandboxResult, _CappedReader, _inside, _Run, _signal_of
+
+logger = logging.getLogger(__name__)
+
+HARNESS = ".harness.py"
+PER_SESSION = 128
+"""Inputs per harness session (its own CPU-time limit covers its bookkeeping for this many)."""
+_TIMED_OUT, _OUT_CUT, _ERR_CUT = 1, 2, 4
+_HEADER = 4 + 4 + 1 + 4
+_available: weakref.WeakKeyDictionary[Sandbox, bool] = weakref.WeakKeyDictionary()
+_available_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class BatchInput:
+    stdin: str
+    stdout_cap: int
+
+
+class _Anomaly(Exception):
+    """The harness did not report an input properly (gone, late, malformed)."""
+
+
+@functools.cache
+def harness_source() -> str:
+    """The harness with the runner inlined (one stdlib-only file for the sandbox's working directory)."""
+    here = Path(__file__).parent
+    harness = (here / "_harness.py").read_text(encoding="utf-8")
+    runner = (here / "_runner.py").read_text(encoding="utf-8")
+    line = next(x for x in harness.splitlines(keepends=True) if x.startswith("from _runner import"))
+    return harness.replace(line, runner + "\n", 1)
+
+
+def batch_available(sandbox: Sandbox) -> bool | None:
+    """Whether batches run in ``sandbox`` (None: not checked yet; see :func:`check_batches`)."""
+    return _available.get(sandbox)
+
+
+async def check_batches(sandbox: Sandbox) -> bool:
+    """Whether ``sandbox`` can run batches: the isolation it needs, and a real two-input batch that gives
+    the outputs single runs give. Checked once per sandbox; a failure is logged once."""
+    known = _available.get(sandbox)
+    if known is not None:
+        return known
+    iso = await asyncio.to_thread(sandbox.isolation)
+    missing = [k for k in ("pid_namespace", "private_proc", "mount_namespace", "private_tmp") if not iso.get(k)]
+    why = f"no {', '.join(missing)}" if missing else None
+    if why is None:
+        program = "import sys\nprint(sys.stdin.read()[::-1], end='')\nsys.exit(3)"
+        inputs = [BatchInput("abc", 100), BatchInput("xyz", 100)]
+
+        async def alone(i: int) -> SandboxResult:
+            raise _Anomaly(f"input {i} was not reported")
+
+        try:
+            results = await run_batch(sandbox, program, inputs, timeout_s=20.0, single=alone)
+            if [(r.stdout, r.exit_code) for r in results if r is not None] != [("cba", 3), ("zyx", 3)]:
+                why = f"a test batch gave {results!r}"
+        except _Anomaly as exc:
+            why = f"a test batch failed: {exc}"
+    with _available_lock:
+        if sandbox not in _available:
+            _available[sandbox] = why is None
+            if why is not None:
+                logger.warning("sandbox batches unavailable (%s): every test input runs in a sandbox of its own", why)
+    return _available[sandbox]
+
+
+async def run_batch(
+    sandbox: Sandbox,
+    program: str,
+    inputs: list[BatchInput],
+    *,
+    timeout_s: float,
+    single: Callable[[int], Awaitable[SandboxResult]],
+    on_result: Callable[[int, SandboxResult], bool] | None = None,
+    preload_json: bool = False,
+    workers: int | None = None,
+) -> list[SandboxResult | None]:
+    """Run ``program`` (as ``main.py``) on every input; one result per input, in order.
+
+    ``single(i)`` runs input ``i`` on its own (inputs the harness failed to report). ``on_result(i, r)``
+    sees every result as it comes; returning True stops the batch: inputs not finished are None.
+    ``workers``: harness sessions at once (default: as many as CPU cores, at least 2, within the
+    sandbox's slots)."""
+    if not inputs:
+        return []
+    results: list[SandboxResult | None] = [None] * len(inputs)
+    queue = collections.deque(range(len(inputs)))
+    stop = asyncio.Event()
+    count = workers or max(2, os.cpu_count() or 2)
+    count = max(1, min(count, len(inputs), sandbox.config.slots))
+
+    def record(i: int, result: SandboxResult) -> None:
+        results[i] = result
+        if on_result is not None and on_result(i, result):
+            stop.set()
+
+    async def worker() -> None:
+        while queue and not stop.is_set():
+            retry = await _session(sandbox, program, inputs, queue, record=record, stop=stop, timeout_s=timeout_s,
+                                   preload_json=preload_json)  # fmt: skip
+            if retry is not None and not stop.is_set():
+                record(retry, await single(retry))
+
+    tasks = [asyncio.ensure_future(worker()) for _ in range(count)]
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        pending: set[asyncio.Future[object]] = set(tasks)
+        while pending and not stop.is_set():
+            done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+            for task in done - {stopper}:
+                task.result()  # an error in a worker is the caller's
+    finally:
+        stopper.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return results
+
+
+async def _session(
+    sandbox: Sandbox,
+    program: str,
+    inputs: list[BatchInput],
+    queue: collections.deque[int],
+    *,
+    record: Callable[[int, SandboxResult], None],
+    stop: asyncio.Event,
+    timeout_s: float,
+    preload_json: bool,
+) -> int | None:
+    """One harness: inputs from ``queue`` until it is empty, ``PER_SESSION`` are done or ``stop``. Returns
+    the input it failed to report (to run alone), or None."""
+    files = {HARNESS: harness_source(), "main.py": program}
+    async with sandbox._session(files, script=HARNESS) as run:
+        channel = _Channel(run)
+        diagnostics = _CappedReader(run.stderr, 16 * 1024)
+        try:
+            await channel.send(marshal.dumps(_setup(sandbox, run, timeout_s, preload_json)))
+            for _ in range(PER_SESSION):
+                if not queue or stop.is_set():
+                    return None
+                i = queue.popleft()
+                item = inputs[i]
+                payload = {"i": i, "stdin": item.stdin.encode("utf-8", errors="replace"), "cap": item.stdout_cap}
+                try:
+                    await channel.send(marshal.dumps(payload))
+                    limit = item.stdout_cap + sandbox.config.stderr_cap + _HEADER + 8
+                    frame = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit)
+                    result = _parse(frame, i, item.stdout_cap, sandbox.config.stderr_cap, run.uid)
+                except _Anomaly as exc:
+                    tail = diagnostics.data.decode("utf-8", errors="replace")[-500:]
+                    logger.warning("sandbox batch harness failed input %d (%s) %s; running it alone", i, exc, tail)
+                    return i
+                record(i, result)
+            return None
+        finally:
+            channel.close()
+            diagnostics.close()
+
+
+def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, preload_json: bool) -> dict[str, object]:
+    workdir = str(run.workdir)
+    iso = sandbox.isolation()
+    if iso.get("deny_by_default_fs"):
+        clean = ["/tmp", "/dev/shm"]  # fresh tmpfs mounts in the program's own root
+    else:  # the deny-list's private tmpfs mounts (not /tmp where the sandbox root lies there)
+        clean = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not _inside(str(sandbox._root), d)]
+    python = sandbox._python or ""
+    return {
+        "script": f"{workdir}/main.py",
+        "harness": f"{workdir}/{HARNESS}",
+        "workdir": workdir,
+        "clean": clean,
+        "orig_argv": sandbox._program_argv(python, "main.py"),
+        "env": sandbox._program_env(workdir),
+        "timeout": timeout_s,
+        "stderr_cap": sandbox.config.stderr_cap,
+        "preload_json": preload_json,
+    }
+
+
+def _parse(frame: bytes, index: int, stdout_cap: int, stderr_cap: int, uid: int | None) -> SandboxResult:
+    """A harness report, checked field by field (it comes from inside the sandbox)."""
+    if len(frame) < _HEADER + 4:
+        raise _Anomaly("short report")
+    if int.from_bytes(frame[0:4], "little") != index:
+        raise _Anomaly("report for another input")
+    status = int.from_bytes(frame[4:8], "little", signed=True)
+    flags = frame[8]
+    wall_s = int.from_bytes(frame[9:13], "little") / 1e6
+    out_len = int.from_bytes(frame[13:17], "little")
+    out_end = 17 + out_len
+    if out_len > stdout_cap or out_end + 4 > len(frame):
+        raise _Anomaly("bad stdout length")
+    err_len = int.from_bytes(frame[out_end : out_end + 4], "little")
+    if err_len > stderr_cap or out_end + 4 + err_len != len(frame) or flags > 7:
+        raise _Anomaly("bad stderr length")
+    timed_out = bool(flags & _TIMED_OUT)
+    sig = _signal_of(status)
+    return SandboxResult(
+        stdout=frame[17:out_end].decode("utf-8", errors="replace"),
+        stderr=frame[out_end + 4 :].decode("utf-8", errors="replace"),
+        exit_code=None if timed_out or sig is not None else status,
+        signal=sig,
+        timed_out=timed_out,
+        stdout_truncated=bool(flags & _OUT_CUT),
+        stderr_truncated=bool(flags & _ERR_CUT),
+        wall_s=wall_s,
+        uid=uid,
+    )
+
+
+class _Channel:
+    """Length-prefixed frames to the harness's stdin and from its stdout, on the running loop."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+        self._loop = asyncio.get_running_loop()
+        self._buffer = bytearray()
+        self._eof = False
+        self._wakeup: asyncio.Future[None] | None = None
+        os.set_blocking(run.stdin.fd, False)
+        os.set_blocking(run.stdout.fd, False)
+        self._reading = run.stdout.fd
+        self._loop.add_reader(self._reading, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            chunk = os.read(self._reading, 1 << 20)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            self._buffer += chunk
+        else:
+            self._eof = True
+            self._loop.remove_reader(self._reading)
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def receive(self, within_s: float, limit: int) -> bytes:
+        deadline = time.monotonic() + within_s
+        while True:
+            if len(self._buffer) >= 4:
+                size = int.from_bytes(self._buffer[:4], "little")
+                if size > limit:
+                    raise _Anomaly(f"report of {size} bytes")
+                if len(self._buffer) >= 4 + size:
+                    frame = bytes(self._buffer[4 : 4 + size])
+                    del self._buffer[: 4 + size]
+                    return frame
+                if len(self._buffer) > 4 + limit:
+                    raise _Anomaly("report too long")
+            if self._eof:
+                raise _Anomaly("harness ended")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Anomaly(f"no report within {within_s:g}s")
+            self._wakeup = self._loop.create_future()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup, left)
+
+    async def send(self, payload: bytes) -> None:
+        view = memoryview(len(payload).to_bytes(4, "little") + payload)
+        stdin = self._run.stdin
+        while view:
+            if stdin.fd < 0:
+                raise _Anomaly("harness stdin closed")
+            try:
+                view = view[os.write(stdin.fd, view[: 1 << 20]) :]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise _Anomaly(f"harness gone ({exc.strerror})") from None
+            writable = self._loop.create_future()
+            fd = stdin.fd
+            self._loop.add_writer(fd, writable.set_result, None)
+            try:
+                await asyncio.wait_for(writable, 30.0)
+            except (TimeoutError, asyncio.TimeoutError):
+                raise _Anomaly("harness does not read its input") from None
+            finally:
+                self._loop.remove_writer(fd)
+
+    def close(self) -> None:
+        if not self._eof:
+            self._loop.remove_reader(self._reading)
+            self._eof = True
