@@ -25,9 +25,15 @@ _NO_TORCH_BACKENDS = ("http://", "https://", "py:", "strands:")
 
 
 async def run_specs(
-    specs: Sequence[EpisodeSpec], *, concurrency: int = 16, workers: int = 0, on_done: OnDone | None = None
+    specs: Sequence[EpisodeSpec],
+    *,
+    concurrency: int = 16,
+    workers: int = 0,
+    on_done: OnDone | None = None,
+    memory_limit_mb: int | None = None,
 ) -> list[Episode]:
-    """Run ``specs``; returns their episodes in completion order."""
+    """Run ``specs``; returns their episodes in completion order. ``memory_limit_mb`` caps each pool
+    worker's RSS (``PoolConfig.memory_limit_mb``; ignored with ``workers=0``)."""
     if not specs:
         return []
     if workers <= 0:
@@ -38,7 +44,12 @@ async def run_specs(
     from .pool import PoolConfig, StrandsProcessPool
 
     needs_torch = any(not s.model.backend.startswith(_NO_TORCH_BACKENDS) for s in specs)
-    config = PoolConfig(workers=workers, max_in_flight=max(1, concurrency), torch_in_workers=needs_torch)
+    config = PoolConfig(
+        workers=workers,
+        max_in_flight=max(1, concurrency),
+        torch_in_workers=needs_torch,
+        memory_limit_mb=memory_limit_mb,
+    )
     async with StrandsProcessPool(config) as pool:
         episodes = await pool.map(specs, on_done=on_done)
         logger.info("pool stats: %s", pool.stats())

@@ -1,5 +1,5 @@
-"""``agentboost`` CLI on its embedded default (tiny local model, generated arithmetic tasks), and its exit
-while a tool thread is stuck."""
+"""``agentboost`` CLI on the arithmetic example (tiny local model, generated tasks), and its exit while a
+tool thread is stuck."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentboost.cli.main import main
+from agentboost.cli.rollout import GENERIC_ENV
 from agentboost.episode import Episode
 from agentboost.types import Termination
 
@@ -19,7 +20,8 @@ from agentboost.types import Termination
 def test_rollout_embedded_default(tmp_path, capsys) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "run"
-    assert main(["rollout", "--limit", "3", "--n", "2", "--max-tokens-per-call", "16", "--out", str(out)]) == 0
+    args = ["rollout", "--example", "arithmetic", "--limit", "3", "--n", "2", "--max-tokens-per-call", "16"]
+    assert main([*args, "--out", str(out)]) == 0
     episodes = [Episode.from_json(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 6
     for episode in episodes:
@@ -33,7 +35,7 @@ def test_rollout_embedded_default(tmp_path, capsys) -> None:
 
 def test_rollout_rejects_missing_data(tmp_path) -> None:
     with pytest.raises(FileNotFoundError):
-        main(["rollout", "--data", str(tmp_path / "missing.jsonl")])
+        main(["rollout", "--data", str(tmp_path / "missing.jsonl"), "--env", GENERIC_ENV])
 
 
 def _run_cli(args: list[str], tmp_path, *, limit_s: float = 90.0) -> subprocess.CompletedProcess:

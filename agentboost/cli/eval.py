@@ -27,7 +27,9 @@ differ, into ``compare.md``, ``compare.json`` and ``compare.png`` under ``--out`
 
 Examples::
 
-    agentboost eval --example arithmetic --n 4                       # embedded default, tiny model
+    agentboost eval --example arithmetic --n 4                       # generated tasks, tiny model
+    agentboost eval --data tasks.jsonl --env agentboost.environments.strands_env:StrandsEnv --n 4 \\
+        --backend http://localhost:8000 --tokenizer Qwen/Qwen2.5-7B-Instruct   # tools, reward_fn from each row
     agentboost eval --example math --data aime.jsonl --n 16 --k 1 --k 16 \\
         --backend http://localhost:8000 --tokenizer Qwen/Qwen3-4B --workers 4 --concurrency 64
     agentboost eval --example capitals --n 4 --out runs/frontier \\
@@ -49,16 +51,21 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.strands_provider import is_provider_backend, parse_provider
-from ..data import load_rows
 from ..evaluation.passk import default_ks
-from ..evaluation.presets import PRESETS
 from ..evaluation.report import build_report
 from ..evaluation.store import EpisodeStore, ResumeMismatch, StoreLocked
 from ..execution import run_specs
 from ..runs import AgentSpec, EpisodeSpec, expand
 from ..types import Termination
-from ..utils.refs import resolve
-from .rollout import _kv, add_model_arguments, add_rollout_arguments, model_spec_from_args, settings_from_args
+from .rollout import (
+    add_env_arguments,
+    add_model_arguments,
+    add_rollout_arguments,
+    add_worker_memory_argument,
+    model_spec_from_args,
+    select_environment,
+    settings_from_args,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +81,8 @@ class AllFailing(RuntimeError):
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("eval", help="evaluate an environment over a dataset (resumable, pass@k)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    what = parser.add_argument_group("what to evaluate")
-    what.add_argument("--example", choices=sorted(PRESETS), default=None,
-                      help="an example's environment + system prompt (default: arithmetic without --env)")  # fmt: skip
-    what.add_argument("--env", default=None, help="environment class, module:Class (overrides --example)")
-    what.add_argument("--env-arg", action="append", type=_kv, default=[], metavar="KEY=VALUE")
-    what.add_argument("--agent", default=None, help="Strands agent factory, module:function")
-    what.add_argument("--system-prompt", default=None)
+    what = parser.add_argument_group("what to evaluate (--env or --example is required)")
+    add_env_arguments(what)
     what.add_argument("--data", default=None, help="dataset (.jsonl, .json, .parquet)")
     what.add_argument("--limit", type=int, default=None, help="use the first N rows")
     run = parser.add_argument_group("run")
@@ -91,6 +93,7 @@ def add_parser(sub: Any) -> None:
                      help="reward counted as success when the environment gives no verdict (default 1.0)")  # fmt: skip
     run.add_argument("--workers", type=int, default=2, help="agent worker processes (0: in this process)")
     run.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
+    add_worker_memory_argument(run)
     run.add_argument("--out", default=None,
                      help="output directory, resumed if it exists (default runs/eval, runs/compare)")  # fmt: skip
     run.add_argument("--overwrite", action="store_true", help="discard episodes stored in --out")
@@ -131,21 +134,7 @@ def fingerprint(rows: list[dict[str, Any]], args: argparse.Namespace, agent: Age
 
 
 def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
-    preset = PRESETS[args.example] if args.example else (None if args.env else PRESETS["arithmetic"])
-    env = args.env or (preset.env if preset else None)
-    system_prompt = args.system_prompt
-    if system_prompt is None and args.agent is None and preset is not None:
-        system_prompt = preset.resolved_system_prompt()
-    if args.data:
-        rows = load_rows(args.data, limit=args.limit)
-    elif preset is not None and not preset.needs_data and preset.tasks:
-        rows = resolve(preset.tasks)(args.limit or 16, seed=0, split="eval")
-    else:
-        raise SystemExit("agentboost eval: --data is required for this environment")
-    agent_factory = args.agent or (preset.agent_factory if preset is not None and system_prompt is None else None)
-    agent = AgentSpec(env=env or "", env_args=dict(args.env_arg), agent_factory=agent_factory,
-                      system_prompt=system_prompt)  # fmt: skip
-    return agent, rows
+    return select_environment(args, "eval", split="eval", default_limit=16)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -200,7 +189,7 @@ def main(args: argparse.Namespace) -> int:
     missing = len(specs) - len(episodes)
     if missing:  # only possible if the runner lost episodes, which it must not
         raise RuntimeError(f"{missing} episodes have no record")
-    title = f"agentboost eval: {args.example or args.env or 'arithmetic'}"
+    title = f"agentboost eval: {args.example or args.env}"
     report = build_report(episodes, ks=ks, threshold=args.threshold, expected_per_task=args.n)
     written = report.write(out, title=title, plots=not args.no_plots)
     sys.stdout.write(report.to_markdown(title) + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
@@ -265,7 +254,13 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
     with logging_redirect_tqdm():
         try:
             runner = asyncio.ensure_future(
-                run_specs(todo, concurrency=args.concurrency, workers=args.workers, on_done=finished)
+                run_specs(
+                    todo,
+                    concurrency=args.concurrency,
+                    workers=args.workers,
+                    on_done=finished,
+                    memory_limit_mb=args.worker_memory_mb,
+                )
             )
             alarm = asyncio.ensure_future(all_failing.wait())
             await asyncio.wait({runner, alarm}, return_when=asyncio.FIRST_COMPLETED)

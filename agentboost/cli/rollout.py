@@ -3,8 +3,12 @@
 Writes ``episodes.jsonl`` (one full :class:`~agentboost.episode.Episode` per line, as they finish),
 ``summary.json`` and ``summary.md`` (reward, terminations, tool usage) into ``--out``.
 
-Without ``--data`` it runs the embedded default: generated arithmetic tasks with the calculator tool
-against a tiny randomly initialised local model (a smoke test of the whole path, not a good agent).
+The environment is always named: ``--env module:Class`` (``agentboost.environments.strands_env:StrandsEnv``
+takes each row's own ``tools`` and ``reward_fn``, as ``module:attr``) or ``--example NAME`` (an example's
+environment and system prompt). Nothing is added silently: without either the command stops and says so.
+``--example arithmetic`` (or ``capitals``) without ``--data`` runs that example's generated tasks; with
+the default ``--backend tiny``, a tiny randomly initialised local model (a smoke test of the whole path,
+not a good agent).
 
 ``--strands-model`` runs the same environments and rewards through a Strands model provider instead
 of a token backend (a frontier-model baseline): ``openai:<model>@<base_url>`` (any OpenAI-compatible
@@ -33,6 +37,7 @@ from ..backends.strands_provider import (
     parse_provider,
 )
 from ..data import load_rows
+from ..evaluation.presets import PRESETS
 from ..execution import run_specs
 from ..report import markdown, summarize
 from ..rollout import RolloutSettings
@@ -41,7 +46,8 @@ from ..types import Budget, SamplingParams
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ENV = "agentboost.environments.arithmetic:ArithmeticEnv"
+GENERIC_ENV = "agentboost.environments.strands_env:StrandsEnv"
+"""The environment that takes everything (tools, reward) from the row itself: the usual ``--env``."""
 
 
 def _kv(text: str) -> tuple[str, Any]:
@@ -94,20 +100,69 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mask-truncated", action="store_true", help="also mask max_tokens/max_turns episodes")
 
 
+def add_env_arguments(parser: Any) -> None:
+    """``--example`` / ``--env`` and what goes with them (shared by rollout and eval)."""
+    parser.add_argument("--example", choices=sorted(PRESETS), default=None,
+                        help="an example's environment + system prompt (arithmetic and capitals generate tasks "
+                        "without --data)")  # fmt: skip
+    parser.add_argument("--env", default=None,
+                        help=f"environment class, module:Class (overrides --example); {GENERIC_ENV} takes each "
+                        "row's own tools and reward_fn")  # fmt: skip
+    parser.add_argument("--env-arg", action="append", type=_kv, default=[], metavar="KEY=VALUE",
+                        help="given to the environment with every row, e.g. reward_fn=mypkg.rewards:exact")  # fmt: skip
+    parser.add_argument("--agent", default=None, help="Strands agent factory, module:function")
+    parser.add_argument("--system-prompt", default=None)
+
+
+def add_worker_memory_argument(parser: Any) -> None:
+    parser.add_argument("--worker-memory-mb", type=int, default=None, metavar="MB",
+                        help="with --workers N: replace a worker whose memory (RSS) exceeds MB; its episodes come "
+                        "back as infra_error (default: no limit)")  # fmt: skip
+
+
+def select_environment(
+    args: argparse.Namespace, command: str, *, split: str, default_limit: int
+) -> tuple[AgentSpec, list[dict[str, Any]]]:
+    """The environment, agent and rows the user named: ``--env`` or ``--example``, never a silent default
+    (an unnamed environment would add its own tools, reward and prompt to the user's rows)."""
+    if not args.env and not args.example:
+        raise ValueError(
+            f"no environment given: pass --env module:Class, e.g. `agentboost {command} --data tasks.jsonl "
+            f"--env {GENERIC_ENV}` (tools and reward_fn from each row, as module:attr), or --example NAME "
+            f"({', '.join(sorted(PRESETS))}), e.g. `agentboost {command} --example arithmetic`"
+        )
+    preset = PRESETS[args.example] if args.example else None
+    env = args.env or preset.env
+    system_prompt = args.system_prompt
+    if system_prompt is None and args.agent is None and preset is not None:
+        system_prompt = preset.resolved_system_prompt()
+    if args.data:
+        rows = load_rows(args.data, limit=args.limit)
+    elif preset is not None and not preset.needs_data and preset.tasks:
+        from ..utils.refs import resolve
+
+        rows = resolve(preset.tasks)(args.limit or default_limit, seed=0, split=split)
+    else:
+        raise ValueError(f"--data is required for {'--env ' + args.env if args.env else '--example ' + args.example}")
+    agent_factory = args.agent or (preset.agent_factory if preset is not None and system_prompt is None else None)
+    agent = AgentSpec(env=env, env_args=dict(args.env_arg), agent_factory=agent_factory, system_prompt=system_prompt)
+    return agent, rows
+
+
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("rollout", help="run episodes of an environment and write them as JSONL",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--data", default=None, help="dataset (.jsonl, .json, .parquet); default: generated arithmetic")
-    parser.add_argument("--env", default=DEFAULT_ENV, help="environment class, module:Class")
-    parser.add_argument("--env-arg", action="append", type=_kv, default=[], metavar="KEY=VALUE")
-    parser.add_argument("--agent", default=None, help="Strands agent factory, module:function")
-    parser.add_argument("--system-prompt", default=None)
+    parser.add_argument(
+        "--data", default=None, help="dataset (.jsonl, .json, .parquet); optional with --example arithmetic/capitals"
+    )
+    add_env_arguments(parser)
     parser.add_argument("--n", type=int, default=1, help="episodes per dataset row")
-    parser.add_argument("--limit", type=int, default=None, help="use the first N rows (default tasks: 8)")
+    parser.add_argument("--limit", type=int, default=None, help="use the first N rows (generated tasks: 8)")
     parser.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
     parser.add_argument(
         "--workers", type=int, default=0, help="agent worker processes (0: run episodes in this process)"
     )
+    add_worker_memory_argument(parser)
     parser.add_argument("--out", default="runs/rollout", help="output directory")
     add_model_arguments(parser)
     add_rollout_arguments(parser)
@@ -163,22 +218,11 @@ def settings_from_args(args: argparse.Namespace) -> RolloutSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.data:
-        rows = load_rows(args.data, limit=args.limit)
-    else:
-        from ..environments.arithmetic import SYSTEM_PROMPT, make_tasks
-
-        rows = make_tasks(args.limit or 8, seed=0, split="rollout")
-        if args.system_prompt is None and args.agent is None:
-            args.system_prompt = SYSTEM_PROMPT
-    if not rows:
-        logger.error("no rows to run")
-        return 2
-    agent = AgentSpec(
-        env=args.env, env_args=dict(args.env_arg), agent_factory=args.agent, system_prompt=args.system_prompt
-    )
     try:
         model = model_spec_from_args(args)
+        agent, rows = select_environment(args, "rollout", split="rollout", default_limit=8)
+        if not rows:
+            raise ValueError("no rows to run")
     except ValueError as exc:
         sys.stderr.write(f"agentboost rollout: {exc}\n")
         return 2
@@ -186,7 +230,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     episodes_path = out / "episodes.jsonl"
-    episodes = asyncio.run(_run(specs, args.concurrency, episodes_path, workers=args.workers))
+    episodes = asyncio.run(
+        _run(specs, args.concurrency, episodes_path, workers=args.workers, memory_limit_mb=args.worker_memory_mb)
+    )
     summary = summarize(episodes)
     baseline = is_provider_backend(model.backend)
     if baseline:  # no tokens: say so wherever the numbers are read; turns are the provider's calls
@@ -204,7 +250,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run(specs: list, concurrency: int, path: Path, *, workers: int = 0) -> list:
+async def _run(
+    specs: list, concurrency: int, path: Path, *, workers: int = 0, memory_limit_mb: int | None = None
+) -> list:
     from tqdm import tqdm
 
     bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr)
@@ -217,6 +265,8 @@ async def _run(specs: list, concurrency: int, path: Path, *, workers: int = 0) -
             bar.set_postfix(reward=f"{episode.reward:.2f}", end=episode.termination.value)
 
         try:
-            return await run_specs(specs, concurrency=concurrency, workers=workers, on_done=done)
+            return await run_specs(
+                specs, concurrency=concurrency, workers=workers, on_done=done, memory_limit_mb=memory_limit_mb
+            )
         finally:
             bar.close()
