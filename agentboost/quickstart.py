@@ -16,8 +16,12 @@ token/mask machinery as RL). The demonstrations call the calculator correctly bu
 styles, weighted per prompt: the bare number (30%) or a sentence, "The answer is 56." (70%). Only the
 bare number earns the exact-match reward, so the warm-started agent uses the tool, prefers the
 unrewarded sentence (greedy decoding picks it) and earns reward in ~30% of its samples; GRPO has to
-discover and reinforce the rewarded behaviour. Held-out tasks are evaluated greedily before GRPO,
-every ``eval_every`` steps and after.
+discover and reinforce the rewarded behaviour. After the warm start the policy is sampled as GRPO
+will sample it on training tasks outside the demonstrations, and the share of episodes that
+reproduce the demonstrations is reported (``warm_start`` in summary.json; a warning when it is
+low); with ``--warm-start-target`` the warm start runs until that share is reached (``--sft-steps``
+is then the ceiling). Held-out tasks are evaluated greedily before GRPO, every ``eval_every`` steps
+and after.
 
 Everything lands in ``--run-dir``: ``metrics.csv``/``metrics.jsonl``, W&B files (offline unless
 configured), ``curves.png``, ``summary.json``, ``checkpoint/`` (resumable) and ``final_model/``.
@@ -41,6 +45,7 @@ from .agents.strands_agent import StrandsAgent
 from .chat.template import ChatTemplate
 from .environments.arithmetic import SYSTEM_PROMPT, make_tasks
 from .episode import Episode
+from .rewards.answer import final_answer_text
 from .train.metrics import plot_curves
 from .train.sft import demonstration_episodes, sft
 from .train.trainer import GRPOTrainer, TrainConfig
@@ -72,6 +77,13 @@ class QuickstartConfig:
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = None
     """Default: 500 for the built-in model, 0 (no warm start) with --model."""
+    warm_start_target: float | None = None
+    """End the warm start once this share of sampled check episodes reproduce the demonstrations
+    (checked every ``warm_start_check_every`` steps; ``sft_steps`` is the ceiling)."""
+    warm_start_low: float = 0.5
+    """Warn when fewer sampled check episodes than this reproduce the demonstrations."""
+    warm_start_check_every: int = 100
+    warm_start_check_tasks: int = 32
     sft_lr: float = 3e-3
     sft_batch: int = 32
     grpo_steps: int = 40
@@ -84,6 +96,11 @@ class QuickstartConfig:
     wandb_project: str | None = "agentboost-quickstart"
 
 
+def verbose_answer(answer: str) -> str:
+    """The unrewarded answer style of the demonstrations."""
+    return f"The answer is {answer}."
+
+
 def demo_turns(*, verbose: bool) -> Callable[[dict[str, Any]], list[str]]:
     """Assistant turns of a demonstration: call the calculator, then answer with the bare number or
     (``verbose``) with a sentence."""
@@ -91,7 +108,7 @@ def demo_turns(*, verbose: bool) -> Callable[[dict[str, Any]], list[str]]:
     def turns(row: dict[str, Any]) -> list[str]:
         call = {"name": "calculator", "arguments": {"expression": row["expression"]}}
         first = "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
-        return [first, f"The answer is {row['answer']}." if verbose else str(row["answer"])]
+        return [first, verbose_answer(row["answer"]) if verbose else str(row["answer"])]
 
     return turns
 
@@ -109,6 +126,99 @@ def warm_start_demos(
     return bare + sentence, weights
 
 
+def reproduces_demonstration(row: dict[str, Any], episode: Episode) -> bool:
+    """Whether a sampled episode does what every demonstration does: one calculator call with the
+    task's expression, then the tool's number as the answer (in either style)."""
+    calls = [
+        block["toolUse"]
+        for message in episode.messages
+        if message.get("role") == "assistant"
+        for block in message.get("content", [])
+        if isinstance(block, dict) and "toolUse" in block
+    ]
+    if len(calls) != 1 or calls[0].get("name") != "calculator":
+        return False
+    expression = str((calls[0].get("input") or {}).get("expression", ""))
+    if expression.split() != str(row["expression"]).split():
+        return False
+    answer = (final_answer_text(episode) or "").strip()
+    return answer in (str(row["answer"]), verbose_answer(row["answer"]))
+
+
+def warm_start_check_rows(cfg: QuickstartConfig, demo_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training-split tasks the demonstrations do not contain (held-out tasks are never looked at)."""
+    seen = {row["expression"] for row in demo_rows}
+    drawn = make_tasks(
+        4 * cfg.warm_start_check_tasks, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.max_value,
+        split="warm-start-check",
+    )  # fmt: skip
+    unseen = [row for row in drawn if row["expression"] not in seen]
+    rows = (unseen + [row for row in drawn if row["expression"] in seen])[: cfg.warm_start_check_tasks]
+    return [{**row, "task_id": f"warm-start-check-{cfg.seed}-{i}"} for i, row in enumerate(rows)]
+
+
+def warm_start(
+    cfg: QuickstartConfig,
+    trainer: GRPOTrainer,
+    train_rows: list[dict[str, Any]],
+    *,
+    steps: int,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Supervised warm start on the demonstrations, with a check of the skill it teaches.
+
+    GRPO can only reinforce what the policy already does sometimes: a warm start that ended before
+    the copying skills formed (which happens at a seed-dependent step) leaves groups without reward
+    and nothing to learn from. So the policy is sampled as GRPO will sample it (the rollout
+    temperature) on training tasks outside the demonstrations and the share of episodes that
+    reproduce the demonstrations is measured: after the warm start, and with ``warm_start_target``
+    every ``warm_start_check_every`` steps, ending the warm start once the target is reached
+    (``steps`` is then the ceiling). Returns what was measured (summary.json's ``warm_start``)."""
+    demo_rows = train_rows[: cfg.demos]
+    demos, weights = warm_start_demos(demo_rows, trainer.template, trainer.agent, cfg.verbose_fraction)
+    check_rows = warm_start_check_rows(cfg, demo_rows)
+    by_id = {row["task_id"]: row for row in check_rows}
+    sampling = trainer.config.sampling
+    checks: list[dict[str, float]] = []
+
+    def check(step: int) -> bool:
+        episodes = trainer.rollout(check_rows, n=1, sampling=sampling, tag=f"warm-start-check-{step}")
+        reproduced = sum(reproduces_demonstration(by_id[e.task_id], e) for e in episodes) / len(episodes)
+        rewarded = sum(e.reward > 0 for e in episodes) / len(episodes)
+        checks.append({"step": step, "reproduced": reproduced, "rewarded": rewarded})
+        logger.info("warm start step %d: %.2f of sampled check episodes reproduce the demonstrations, "
+                    "%.2f earn reward", step, reproduced, rewarded)  # fmt: skip
+        return target is not None and reproduced >= target
+
+    target = cfg.warm_start_target
+    losses = sft(
+        trainer.model, demos, pad_token_id=trainer.pad_token_id, steps=steps, lr=cfg.sft_lr,
+        batch_size=cfg.sft_batch, seed=cfg.seed, weights=weights, progress=progress,
+        until=check if target is not None else None, check_every=cfg.warm_start_check_every,
+    )  # fmt: skip
+    if not checks or checks[-1]["step"] != len(losses):
+        check(len(losses))
+    last = checks[-1]["reproduced"]
+    reached = last >= (target if target is not None else cfg.warm_start_low)
+    if not reached:
+        logger.warning(
+            "after %d warm-start steps only %.2f of sampled check episodes reproduce the demonstrations "
+            "(%s %.2f): GRPO starts from a weak policy and may learn little; train longer (--sft-steps, "
+            "--warm-start-target)", len(losses), last, "target" if target is not None else "below",
+            target if target is not None else cfg.warm_start_low,
+        )  # fmt: skip
+    return {
+        "steps": len(losses),
+        "ceiling": steps,
+        "target": target,
+        "check": checks[-1]["reproduced"],
+        "rewarded": checks[-1]["rewarded"],
+        "reached": reached,
+        "checks": checks,
+        "final_loss": losses[-1] if losses else None,
+    }
+
+
 def domain_corpus(rows: list[dict[str, Any]]) -> list[str]:
     """Task conversations rendered with the real Qwen2.5 chat template (both answer styles): the
     text a small quickstart vocabulary is trained on."""
@@ -121,7 +231,7 @@ def domain_corpus(rows: list[dict[str, Any]]) -> list[str]:
     corpus = []
     for row in rows:
         call = json.dumps({"name": "calculator", "arguments": {"expression": row["expression"]}})
-        for answer in (row["answer"], f"The answer is {row['answer']}."):
+        for answer in (row["answer"], verbose_answer(row["answer"])):
             messages = [
                 {"role": "system", "content": SYSTEM_PROMPT},
                 {"role": "user", "content": row["prompt"]},
@@ -195,7 +305,7 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
     resumed = trainer.load_checkpoint()
 
     sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 500)
-    sft_losses: list[float] = []
+    warm: dict[str, Any] = dict(previous.get("warm_start", {}))
     timings: dict[str, float] = dict(previous.get("timings", {}))
     if resumed:
         before = previous.get("before", {})
@@ -203,14 +313,14 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
     else:
         t = time.monotonic()
         if sft_steps:
-            demos, weights = warm_start_demos(train_rows[: cfg.demos], template, agent, cfg.verbose_fraction)
-            sft_losses = sft(model, demos, pad_token_id=trainer.pad_token_id, steps=sft_steps, lr=cfg.sft_lr,
-                             batch_size=cfg.sft_batch, seed=cfg.seed, weights=weights, progress=progress)  # fmt: skip
+            warm = warm_start(cfg, trainer, train_rows, steps=sft_steps, progress=progress)
         timings["sft_s"] = time.monotonic() - t
         t = time.monotonic()
         before = trainer.evaluate(tag="before")
         timings["eval_before_s"] = time.monotonic() - t
-        summary_path.write_text(json.dumps({"before": before, "timings": timings, "config": asdict(cfg)}, indent=2))
+        summary_path.write_text(
+            json.dumps({"before": before, "warm_start": warm, "timings": timings, "config": asdict(cfg)}, indent=2)
+        )
 
     t = time.monotonic()
     history = trainer.fit(resume=False, progress=progress)
@@ -240,7 +350,7 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
         "before": before,
         "after": after,
         "improvement": after.get("eval/success_rate", 0.0) - before.get("eval/success_rate", 0.0),
-        "sft_final_loss": sft_losses[-1] if sft_losses else None,
+        "warm_start": warm,
         "timings": timings,
         "plot": str(plot),
         "metrics_csv": str(run_dir / "metrics.csv"),
@@ -248,6 +358,15 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
     }
     summary_path.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _warm_start_line(warm: dict[str, Any]) -> str:
+    if not warm:
+        return "warm start: none"
+    return (
+        f"warm start: {warm['steps']} steps; sampled check: {warm['check']:.2f} reproduce the demonstrations, "
+        f"{warm['rewarded']:.2f} earn reward"
+    )
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -269,6 +388,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             row("parse errors / episode", "eval/parse_errors_per_episode"),
             "",
             f"improvement in success rate: {summary['improvement']:+.3f}",
+            _warm_start_line(summary.get("warm_start") or {}),
             f"time: warm start {t.get('sft_s', 0):.0f} s, GRPO {t.get('grpo_s', 0):.0f} s, "
             f"total {t.get('total_s', 0):.0f} s",
             f"curves: {summary['plot']}",

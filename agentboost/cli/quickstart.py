@@ -11,6 +11,15 @@ from typing import Any
 from ..quickstart import QuickstartConfig, format_summary, run_quickstart
 
 
+def _kind(field: dataclasses.Field[Any]) -> type:
+    """The argparse type of a config field, from its annotation (``int | None`` parses as int)."""
+    annotation = str(field.type).replace(" ", "").split("|")
+    for name, kind in (("int", int), ("float", float)):
+        if name in annotation:
+            return kind
+    return str
+
+
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "quickstart",
@@ -22,9 +31,7 @@ def add_parser(sub: Any) -> None:
     for field in dataclasses.fields(QuickstartConfig):
         flag = "--" + field.name.replace("_", "-")
         default = getattr(defaults, field.name)
-        kind = {int: int, float: float, str: str}.get(type(default), str)
-        if field.name in ("sft_steps", "model", "device", "wandb_project"):
-            kind = int if field.name == "sft_steps" else str
+        kind = _kind(field)
         parser.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
     parser.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     parser.set_defaults(func=run)

@@ -72,12 +72,17 @@ def sft(
     seed: int = 0,
     weights: Sequence[float] | None = None,
     progress: bool = True,
+    until: Callable[[int], bool] | None = None,
+    check_every: int = 100,
 ) -> list[float]:
     """Minimise the mean NLL of the model tokens of ``episodes``; returns the loss per step.
 
     Batches are drawn without replacement, or, with ``weights`` (one per episode), with replacement
     in proportion to them: e.g. two answers to the same prompt weighted 0.3/0.7 teach the model to
-    give them with those probabilities, instead of memorising one answer per prompt."""
+    give them with those probabilities, instead of memorising one answer per prompt.
+
+    ``until(step)`` is asked every ``check_every`` steps (model in eval mode) whether the skill the
+    demonstrations teach is there yet; True ends training early (``steps`` is then the ceiling)."""
     import torch
     from tqdm import tqdm
 
@@ -117,5 +122,12 @@ def sft(
             optimizer.step()
         scheduler.step()
         losses.append(float(loss.detach()))
+        done = len(losses)
+        if until is not None and done % check_every == 0 and done < steps:
+            model.eval()
+            stop = until(done)
+            model.train()
+            if stop:
+                break
     model.eval()
     return losses

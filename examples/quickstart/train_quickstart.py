@@ -15,9 +15,8 @@ import logging
 from agentboost.agents.strands_agent import StrandsAgent
 from agentboost.chat.template import ChatTemplate
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks
-from agentboost.quickstart import ENV, QuickstartConfig, _build_model, warm_start_demos
+from agentboost.quickstart import ENV, QuickstartConfig, _build_model, warm_start
 from agentboost.train.metrics import plot_curves
-from agentboost.train.sft import sft
 from agentboost.train.trainer import GRPOTrainer, TrainConfig
 from agentboost.types import Budget, SamplingParams
 
@@ -31,20 +30,16 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
 
     # 1. Tasks: rows that StrandsEnv.from_dict understands (prompt + whatever the reward needs).
-    train_rows = make_tasks(512, seed=args.seed, max_ops=1, max_value=9, split="train")
-    eval_rows = make_tasks(64, seed=args.seed, max_ops=1, max_value=9, split="eval")
+    quick = QuickstartConfig(seed=args.seed)
+    train_rows = make_tasks(512, seed=args.seed, max_ops=1, max_value=quick.max_value, split="train")
+    eval_rows = make_tasks(64, seed=args.seed, max_ops=1, max_value=quick.max_value, split="eval")
 
     # 2. Model and tokenizer (replace with AutoModelForCausalLM / AutoTokenizer for a real model).
-    model, tokenizer = _build_model(QuickstartConfig(seed=args.seed), train_rows)
+    model, tokenizer = _build_model(quick, train_rows)
     template = ChatTemplate(tokenizer)
     agent = StrandsAgent(system_prompt=SYSTEM_PROMPT)  # or StrandsAgent(my_agent_factory)
 
-    # 3. Warm start on demonstrations (skip for a pretrained model that can already call tools).
-    #    Both answer styles per prompt, weighted 30% bare number (rewarded) / 70% sentence (not rewarded).
-    demos, weights = warm_start_demos(train_rows[:256], template, agent, verbose_fraction=0.7)
-    sft(model, demos, pad_token_id=tokenizer.pad_token_id, steps=500, lr=3e-3, batch_size=32, weights=weights)
-
-    # 4. GRPO.
+    # 3. The trainer: GRPO with rollouts from the live weights.
     config = TrainConfig(
         run_dir=args.run_dir, steps=args.grpo_steps, prompts_per_step=8, group_size=8, lr=3e-4, eval_every=10,
         seed=args.seed, sampling=SamplingParams(temperature=1.0, max_tokens_per_call=48),
@@ -52,6 +47,14 @@ def main() -> None:
         budget=Budget(max_turns=4, max_total_tokens=1024), wandb_project=None,
     )  # fmt: skip
     trainer = GRPOTrainer(model, template, train_rows, eval_rows=eval_rows, env=ENV, agent=agent, config=config)
+
+    # 4. Warm start on demonstrations (skip for a pretrained model that can already call tools): both
+    #    answer styles per prompt, 30% bare number (rewarded) / 70% "56 is the answer." (not rewarded),
+    #    until a sampled check shows the policy reproduces them (ceiling: 1000 steps).
+    warm = warm_start(quick, trainer, train_rows, steps=1000)
+    logging.info("warm start: %d steps, sampled check %.2f", warm["steps"], warm["check"])
+
+    # 5. GRPO.
     before = trainer.evaluate(tag="before")
     history = trainer.fit(resume=True)
     after = trainer.evaluate(tag="after")
