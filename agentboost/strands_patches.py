@@ -40,7 +40,8 @@ episodes with the adapter on and off). Known differences: ``agent.messages`` is 
 list the factory passed as ``messages=`` is no longer the live history); the model-call copy shares the
 history's messages when no model-call middleware is registered, and copies may be shared between
 consecutive calls otherwise; normalisation's debug log lines are written only for messages it
-processes; an abandoned (``aclose``-d) stream closes the nested cycles innermost first; and the
+processes; an abandoned (``aclose``-d) stream closes the nested cycles innermost first; an exception ending a
+nested cycle is raised inside the outer cycle where it awaits that cycle's events, as upstream; and the
 ``RecursionError`` after about 320 calls no longer happens.
 
 The wrapped internals were read in the strands-agents versions in :data:`SUPPORTED_VERSIONS`; on any
@@ -216,18 +217,26 @@ def _add_event_messages(self: Any, span: Any, messages: Any) -> None:
 
 # -- the event loop ------------------------------------------------------------------------------
 class _Delegate:
-    """Yielded instead of the next cycle's events: the trampoline drives ``inner`` itself."""
+    """Yielded instead of the next cycle's events: the trampoline drives ``inner`` itself. If ``inner``
+    raises, the trampoline stores the exception in ``error`` and resumes the outer cycle normally:
+    :func:`_hand_over` raises it where the outer cycle awaits ``inner``'s events, so it travels up
+    through every frame between them (tool execution, spans) as it does upstream."""
 
-    __slots__ = ("inner",)
+    __slots__ = ("error", "inner")
 
     def __init__(self, inner: AsyncGenerator[Any, None]) -> None:
         self.inner = inner
+        self.error: BaseException | None = None
 
 
 async def _hand_over(inner: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
-    # Resumed once ``inner`` has ended (returns), or has its exception thrown in here, so the
-    # suspended outer cycles continue exactly as if they had forwarded ``inner``'s events.
-    yield _Delegate(inner)
+    # Resumed once ``inner`` has ended: returns, or raises what ``inner`` raised, so the suspended
+    # outer cycles continue exactly as if they had forwarded ``inner``'s events.
+    delegate = _Delegate(inner)
+    yield delegate
+    if delegate.error is not None:
+        error, delegate.error = delegate.error, None
+        raise error
 
 
 def _recurse_event_loop(agent: Any, invocation_state: Any, *args: Any, **kwargs: Any) -> Any:
@@ -240,6 +249,7 @@ def _recurse_event_loop(agent: Any, invocation_state: Any, *args: Any, **kwargs:
 async def _flat_event_loop(agent: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
     """``Agent._execute_event_loop_cycle`` with nested cycles driven from one frame."""
     stack: list[AsyncGenerator[Any, None]] = [type(agent)._execute_event_loop_cycle(agent, *args, **kwargs)]
+    delegates: list[_Delegate | None] = [None]  # how each generator of ``stack`` was handed over
     setattr(agent, _FLAT_DEPTH, getattr(agent, _FLAT_DEPTH, 0) + 1)
     pending: BaseException | None = None
     try:
@@ -253,15 +263,18 @@ async def _flat_event_loop(agent: Any, *args: Any, **kwargs: Any) -> AsyncGenera
                     event = await top.athrow(thrown)
             except StopAsyncIteration:
                 stack.pop()
+                delegates.pop()
                 continue
             except BaseException as exc:
                 stack.pop()
-                if not stack:
+                delegate = delegates.pop()
+                if delegate is None:
                     raise
-                pending = exc
+                delegate.error = exc  # raised by _hand_over inside the outer cycle, on its next step
                 continue
             if type(event) is _Delegate:
                 stack.append(event.inner)
+                delegates.append(event)
                 continue
             try:
                 yield event

@@ -410,3 +410,26 @@ def test_tracer_records_the_same_events_and_skips_only_non_recording_spans(monke
     assert serialized == []
     strands_tracer._add_event_messages(silent, list(agent.messages))  # not an adapted history: upstream
     assert serialized
+
+
+def test_an_episode_ended_by_a_tool_failure_leaves_no_cycle_to_be_closed_elsewhere(qwen25_template, caplog) -> None:
+    """A failure inside a nested cycle must travel up through the frames between the cycles (tool
+    execution, spans) as upstream's does. Thrown at the outer cycle's yield instead, it left those
+    frames suspended: asyncio finalised them at shutdown in another context, and OpenTelemetry logged
+    'was created in a different Context' for every such episode."""
+
+    from agentboost.errors import ToolFatalError
+    from agentboost.types import Termination
+
+    from .helpers import calls_text, run
+
+    @tool
+    def breaks() -> str:
+        """Fails like a dead sandbox."""
+        raise ToolFatalError("sandbox died")
+
+    texts = [calls_text("hermes", [("breaks", {})]), "20"]
+    with caplog.at_level(logging.ERROR):
+        episode, _ = run(qwen25_template, texts, tools=[breaks])
+    assert episode.termination is Termination.INFRA_ERROR
+    assert "different Context" not in caplog.text
