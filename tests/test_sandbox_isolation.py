@@ -190,6 +190,46 @@ def test_installed_packages_only_on_request_and_hidden_paths_inside_them() -> No
     assert listed.stdout == "[]\n", listed
 
 
+@pytest.mark.parametrize("site_packages", [False, True], ids=["stdlib", "site"])
+@pytest.mark.parametrize("copies", [False, True], ids=["symlink", "copy"])
+def test_an_interpreter_under_tmp_runs_with_and_without_the_zygote(copies: bool, site_packages: bool) -> None:
+    """Regression: CI may clone the repository (and its venv) under /tmp, which every run gets as a private
+    tmpfs; the interpreter's binds, links and hidden paths there must go inside that tmpfs, not under it.
+    ``copies``: the real binary lies under /tmp (else only the venv's link and site-packages do)."""
+    venv = Path(tempfile.mkdtemp(prefix="agentboost-venv-", dir="/tmp"))
+    try:
+        venv.chmod(0o755)
+        flags = ["--copies"] if copies else ["--symlinks"]
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", *flags, str(venv)], check=True, timeout=60)
+        python = str(venv / "bin" / "python")
+        site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+        (site / "agentboost_probe_mod.py").write_text("VALUE = 'from the venv'\n")
+        (site / "secret").mkdir()
+        (site / "secret" / "gold.txt").write_text("gold\n")
+        code = (
+            "import os\nprint(1)\n"
+            "try:\n    import agentboost_probe_mod\n    print(agentboost_probe_mod.VALUE)\n"
+            "except ImportError:\n    print('no site')\n"
+            f"print(os.listdir({str(site / 'secret')!r}) if os.path.isdir({str(site / 'secret')!r}) else 'absent')\n"
+        )
+        expected = "1\nfrom the venv\n[]\n" if site_packages else "1\nno site\nabsent\n"
+        for zygote in (True, False):
+            box = Sandbox(SandboxConfig(python=python, site_packages=site_packages, zygote=zygote,
+                                        hidden_paths=(str(site / "secret"),)))  # fmt: skip
+            try:
+                iso = box.isolation()
+                if not iso["deny_by_default_fs"]:
+                    pytest.skip(f"no deny-by-default root on this machine: {iso['notes']}")
+                if zygote and not iso["zygote"] and Sandbox(SandboxConfig()).isolation()["zygote"]:
+                    pytest.fail(f"the zygote works here but not for an interpreter under /tmp: {iso['notes']}")
+                result = box.run_sync(code)
+            finally:
+                box.close()
+            assert (result.stdout, result.exit_code) == (expected, 0), (zygote, result)
+    finally:
+        shutil.rmtree(venv)
+
+
 def test_without_a_fresh_root_the_hidden_paths_stay_covered_and_the_gap_is_named(caplog, monkeypatch) -> None:
     """Where the deny-by-default root cannot be built, runs fall back to the deny-list (every hidden path
     covered) and the missing layer is named at WARNING."""

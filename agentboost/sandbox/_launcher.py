@@ -64,6 +64,8 @@ DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "
              ("stderr", "/proc/self/fd/2"))  # fmt: skip
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217}
 NAMESPACES = ((CLONE_NEWNET, "net"), (CLONE_NEWNS, "mount"), (CLONE_NEWPID, "pid"))
+PRIVATE_DIRS = ("/tmp/", "/dev/shm/")
+"""Host paths under these lie inside the fresh root's private tmpfs mounts (workdir, a venv in /tmp)."""
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -248,15 +250,11 @@ def _read_only_tree(path):
     return done == 0
 
 
-def _fresh_root(fs, workdir, proc):
-    """Build the deny-by-default root (see the module doc, step 3) and switch into it. The stage is new
-    and empty, so its skeleton (mount points, links) is made without looking; the read-only binds go in
-    first and are made read-only together, then what stays writable (devices, /tmp, /dev/shm, workdir)."""
-    stage = fs["stage"]
-    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
-    skeleton = _Skeleton(stage)
+def _lay_out(stage, skeleton, ops):
+    """Make the plan's links and the mount points of its binds in the stage; returns the host paths to
+    bind and the stage paths to hide."""
     binds, hides = [], []
-    for op in fs["ops"]:
+    for op in ops:
         kind, path = op[0], op[1]
         if kind == "link":
             skeleton.dir(os.path.dirname(stage + path))
@@ -266,17 +264,11 @@ def _fresh_root(fs, workdir, proc):
             binds.append(path)
         elif kind == "hide":
             hides.append(stage + path)
-    for name in DEVICES:
-        skeleton.file(stage + "/dev/" + name)
-    for name, target in DEV_LINKS:
-        os.symlink(target, stage + "/dev/" + name)
-    for directory in ("/tmp", "/dev/shm"):
-        skeleton.dir(stage + directory)
-    in_tmp = workdir.startswith(("/tmp/", "/dev/shm/"))
-    if not in_tmp:
-        skeleton.dir(stage + workdir)
-    if proc:
-        skeleton.dir(stage + "/proc", 0o555)
+    return binds, hides
+
+
+def _bind_and_hide(stage, binds, hides):
+    """Bind each host path at its place in the stage (not yet read-only), then cover the hidden ones."""
     for path in binds:
         try:
             _mount(path, stage + path, None, MS_BIND, None)
@@ -286,12 +278,43 @@ def _fresh_root(fs, workdir, proc):
             _mount(path, stage + path, None, MS_BIND | MS_REC, None)
     for target in hides:
         _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
+
+
+def _fresh_root(fs, workdir, proc):
+    """Build the deny-by-default root (see the module doc, step 3) and switch into it. The stage is new
+    and empty, so its skeleton (mount points, links) is made without looking; the read-only binds go in
+    first and are made read-only together, then what stays writable (devices, /tmp, /dev/shm, workdir).
+    What the plan puts under /tmp or /dev/shm (an interpreter or venv there, as in a CI checkout) goes in
+    after their private tmpfs is mounted, else that tmpfs would cover it."""
+    stage = fs["stage"]
+    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
+    skeleton = _Skeleton(stage)
+    private = [op for op in fs["ops"] if op[1].startswith(PRIVATE_DIRS)]
+    binds, hides = _lay_out(stage, skeleton, [op for op in fs["ops"] if not op[1].startswith(PRIVATE_DIRS)])
+    for name in DEVICES:
+        skeleton.file(stage + "/dev/" + name)
+    for name, target in DEV_LINKS:
+        os.symlink(target, stage + "/dev/" + name)
+    for directory in ("/tmp", "/dev/shm"):
+        skeleton.dir(stage + directory)
+    in_tmp = workdir.startswith(PRIVATE_DIRS)
+    if not in_tmp:
+        skeleton.dir(stage + workdir)
+    if proc:
+        skeleton.dir(stage + "/proc", 0o555)
+    _bind_and_hide(stage, binds, hides)
     read_only = _read_only_tree(stage)
     if not read_only:
         for path in binds:
             _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
     for directory in ("/tmp", "/dev/shm"):
         _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={fs['tmp_mb']}m,mode=1777")
+    if private:  # inside the private tmpfs just mounted; each bind made read-only on its own
+        private_binds, private_hides = _lay_out(stage, skeleton, private)
+        _bind_and_hide(stage, private_binds, private_hides)
+        for path in private_binds:
+            if not _read_only_tree(stage + path):
+                _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
     for name in DEVICES:
         _bind("/dev/" + name, stage + "/dev/" + name, MS_NOSUID | MS_NOEXEC)
     if in_tmp:
