@@ -16,12 +16,15 @@ token/mask machinery as RL). The demonstrations call the calculator correctly bu
 styles, weighted per prompt: the bare number (30%) or a sentence, "The answer is 56." (70%). Only the
 bare number earns the exact-match reward, so the warm-started agent uses the tool, prefers the
 unrewarded sentence (greedy decoding picks it) and earns reward in ~30% of its samples; GRPO has to
-discover and reinforce the rewarded behaviour. After the warm start the policy is sampled as GRPO
-will sample it on training tasks outside the demonstrations, and the share of episodes that
-reproduce the demonstrations is reported (``warm_start`` in summary.json; a warning when it is
-low); with ``--warm-start-target`` the warm start runs until that share is reached (``--sft-steps``
-is then the ceiling). Held-out tasks are evaluated greedily before GRPO, every ``eval_every`` steps
-and after.
+discover and reinforce the rewarded behaviour. The warm start runs until the policy does that: every
+``warm_start_check_every`` steps it is sampled as GRPO will sample it on training tasks outside the
+demonstrations, and the warm start ends once ``warm_start_target`` (0.8) of those episodes reproduce
+the demonstrations (right calculator call, tool result copied into the answer) and the rewarded style
+shows up in at least half its demonstrated share (``sft_steps`` is the ceiling). When the copying
+skills form differs from seed to seed (a few hundred to over a thousand steps): a fixed step count
+left some seeds with no rewarded sample and nothing for GRPO to learn from. What the check measured
+is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
+``eval_every`` steps and after.
 
 Everything lands in ``--run-dir``: ``metrics.csv``/``metrics.jsonl``, W&B files (offline unless
 configured), ``curves.png``, ``summary.json``, ``checkpoint/`` (resumable) and ``final_model/``.
@@ -76,8 +79,8 @@ class QuickstartConfig:
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = None
-    """Default: 500 for the built-in model, 0 (no warm start) with --model."""
-    warm_start_target: float | None = None
+    """Ceiling of the warm start; default: 1200 for the built-in model, 0 (no warm start) with --model."""
+    warm_start_target: float | None = 0.8
     """End the warm start once this share of sampled check episodes reproduce the demonstrations
     (checked every ``warm_start_check_every`` steps; ``sft_steps`` is the ceiling)."""
     warm_start_low: float = 0.5
@@ -171,9 +174,13 @@ def warm_start(
     the copying skills formed (which happens at a seed-dependent step) leaves groups without reward
     and nothing to learn from. So the policy is sampled as GRPO will sample it (the rollout
     temperature) on training tasks outside the demonstrations and the share of episodes that
-    reproduce the demonstrations is measured: after the warm start, and with ``warm_start_target``
-    every ``warm_start_check_every`` steps, ending the warm start once the target is reached
-    (``steps`` is then the ceiling). Returns what was measured (summary.json's ``warm_start``)."""
+    reproduce the demonstrations is measured, with the share that earns reward: after the warm start,
+    and with ``warm_start_target`` every ``warm_start_check_every`` steps, ending the warm start once
+    both the skills and the styles are there: ``target`` of the episodes reproduce the demonstrations
+    and the rewarded style shows up in at least half its demonstrated share of them (a model learns the
+    copying before it learns the 30% style: stopping on the skills alone left GRPO with no rewarded
+    sample). ``steps`` is then the ceiling. Returns what was measured (summary.json's
+    ``warm_start``)."""
     demo_rows = train_rows[: cfg.demos]
     demos, weights = warm_start_demos(demo_rows, trainer.template, trainer.agent, cfg.verbose_fraction)
     check_rows = warm_start_check_rows(cfg, demo_rows)
@@ -188,7 +195,13 @@ def warm_start(
         checks.append({"step": step, "reproduced": reproduced, "rewarded": rewarded})
         logger.info("warm start step %d: %.2f of sampled check episodes reproduce the demonstrations, "
                     "%.2f earn reward", step, reproduced, rewarded)  # fmt: skip
-        return target is not None and reproduced >= target
+        return target is not None and passed(reproduced, rewarded, target)
+
+    def passed(reproduced: float, rewarded: float, share: float) -> bool:
+        return reproduced >= share and rewarded >= reward_floor(share)
+
+    def reward_floor(share: float) -> float:
+        return 0.5 * (1.0 - cfg.verbose_fraction) * share
 
     target = cfg.warm_start_target
     losses = sft(
@@ -198,19 +211,21 @@ def warm_start(
     )  # fmt: skip
     if not checks or checks[-1]["step"] != len(losses):
         check(len(losses))
-    last = checks[-1]["reproduced"]
-    reached = last >= (target if target is not None else cfg.warm_start_low)
+    last = checks[-1]
+    share = target if target is not None else cfg.warm_start_low
+    reached = passed(last["reproduced"], last["rewarded"], share)
     if not reached:
         logger.warning(
-            "after %d warm-start steps only %.2f of sampled check episodes reproduce the demonstrations "
-            "(%s %.2f): GRPO starts from a weak policy and may learn little; train longer (--sft-steps, "
-            "--warm-start-target)", len(losses), last, "target" if target is not None else "below",
-            target if target is not None else cfg.warm_start_low,
+            "after %d warm-start steps %.2f of sampled check episodes reproduce the demonstrations and %.2f "
+            "earn reward (%s %.2f and %.2f): GRPO starts from a weak policy and may learn little; train "
+            "longer (--sft-steps, --warm-start-target)", len(losses), last["reproduced"], last["rewarded"],
+            "target" if target is not None else "warning below", share, reward_floor(share),
         )  # fmt: skip
     return {
         "steps": len(losses),
         "ceiling": steps,
         "target": target,
+        "reward_floor": reward_floor(share),
         "check": checks[-1]["reproduced"],
         "rewarded": checks[-1]["rewarded"],
         "reached": reached,
@@ -304,7 +319,7 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
     previous = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     resumed = trainer.load_checkpoint()
 
-    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 500)
+    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 1200)
     warm: dict[str, Any] = dict(previous.get("warm_start", {}))
     timings: dict[str, float] = dict(previous.get("timings", {}))
     if resumed:

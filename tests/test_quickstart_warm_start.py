@@ -105,7 +105,8 @@ def test_a_warm_start_that_never_meets_its_target_runs_to_the_ceiling_and_says_s
 
 def test_without_a_target_the_warm_start_runs_its_steps_and_reports_the_check(tiny, tmp_path, caplog) -> None:
     cfg, rows, _, _ = tiny
-    fixed = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 2, "sft_batch": 4, "warm_start_low": 1.01})
+    options = {"warm_start_target": None, "warm_start_check_every": 2, "sft_batch": 4, "warm_start_low": 1.01}
+    fixed = QuickstartConfig(**{**cfg.__dict__, **options})
     with caplog.at_level(logging.WARNING, logger="agentboost.quickstart"):
         report = warm_start(fixed, _trainer(tiny, tmp_path), rows, steps=5, progress=False)
     assert report["steps"] == 5 and report["target"] is None
@@ -135,4 +136,5 @@ def test_the_cli_parses_every_option_with_its_annotated_type() -> None:
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["quickstart", "--warm-start-target", "0.8", "--sft-steps", "900", "--model", "m"])
     assert args.warm_start_target == 0.8 and args.sft_steps == 900 and args.model == "m"
-    assert parser.parse_args(["quickstart"]).warm_start_target is None
+    assert parser.parse_args(["quickstart"]).warm_start_target == 0.8
+    assert parser.parse_args(["quickstart", "--warm-start-target", "none"]).warm_start_target is None

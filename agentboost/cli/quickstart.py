@@ -6,18 +6,29 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from ..quickstart import QuickstartConfig, format_summary, run_quickstart
 
 
-def _kind(field: dataclasses.Field[Any]) -> type:
-    """The argparse type of a config field, from its annotation (``int | None`` parses as int)."""
+def _kind(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
+    """The argparse type of a config field, from its annotation (``int | None`` parses as int, and
+    ``none`` as None)."""
     annotation = str(field.type).replace(" ", "").split("|")
-    for name, kind in (("int", int), ("float", float)):
+    kind: Callable[[str], Any] = str
+    for name, numeric in (("int", int), ("float", float)):
         if name in annotation:
-            return kind
-    return str
+            kind = numeric
+            break
+    if "None" not in annotation or kind is str:
+        return kind
+
+    def optional(value: str) -> Any:
+        return None if value.strip().lower() == "none" else kind(value)
+
+    optional.__name__ = getattr(kind, "__name__", "value")
+    return optional
 
 
 def add_parser(sub: Any) -> None:
