@@ -94,7 +94,7 @@ async def measure(n: int, rounds: int, concurrencies: list[int]) -> dict[str, ob
         report: dict[str, object] = {
             "machine": machine(),
             "load_before": _load(),
-            "python": sys.executable,
+            "python": f"{platform.python_implementation()} {platform.python_version()}",
             "sandbox_python": iso["python"],
             "zygote": iso["zygote"],
             "zygote_notes": zygote_notes,
