@@ -5,18 +5,27 @@ computed only at positions whose next token carries loss (``response_mask``), in
 a full [batch, sequence, vocab] tensor. They must be the logits the model's own forward produces (the
 rollouts were sampled from those), so the head's post-processing is reproduced and checked once per
 model against a full forward; a model whose forward does something else is refused.
+
+Rows of a batch usually open with the same tokens (system prompt, tool specs: ~80% of a quickstart
+row). That common prefix is run once and its keys/values are shared by every row, when the model's
+cache supports it; checked once per model against a full forward, the full forward otherwise.
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ..batch import Batch
 
+logger = logging.getLogger(__name__)
+
 _CHECKED: weakref.WeakKeyDictionary[Any, Callable[[Any], Any]] = weakref.WeakKeyDictionary()
 _PROBE_TOKENS = 12
+_SHARES_PREFIX: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_MIN_SHARED_PREFIX = 16
 
 
 def _unwrap(model: Any) -> Any:
@@ -107,12 +116,10 @@ def response_logprobs(
     backbone, _ = _backbone_and_head(model)
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
-    hidden = backbone(
-        input_ids=input_ids,
-        attention_mask=batch.attention_mask.to(device),
-        position_ids=batch.position_ids.to(device),
-    ).last_hidden_state
-    p = batch.prompt_length
+    attention_mask = batch.attention_mask.to(device)
+    position_ids = batch.position_ids.to(device)
+    hidden, offset = _last_hidden_states(model, backbone, input_ids, attention_mask, position_ids, batch.prompt_length)
+    p = batch.prompt_length - offset  # hidden[:, i] is position offset + i
     mask = batch.response_mask.to(device).bool()
     rows, cols = mask.nonzero(as_tuple=True)
     out = torch.zeros(mask.shape, dtype=torch.float32, device=device)
@@ -121,7 +128,7 @@ def response_logprobs(
         return (out, out.detach().clone()) if with_raw else out
     # The token at response position j is predicted from the hidden state at p + j - 1.
     states = hidden[rows, p + cols - 1]
-    targets = input_ids[rows, p + cols]
+    targets = input_ids[rows, batch.prompt_length + cols]
     pieces, raw_pieces = [], []
     for start in range(0, states.shape[0], chunk_positions):
         logits = logits_of(states[start : start + chunk_positions])
@@ -135,3 +142,79 @@ def response_logprobs(
     if not with_raw:
         return values
     return values, torch.zeros_like(out).index_put((rows, cols), torch.cat(raw_pieces).squeeze(-1))
+
+
+def shared_prefix_length(input_ids: Any, attention_mask: Any, position_ids: Any, prompt_length: int) -> int:
+    """How many leading positions every row has in common (same tokens, same positions, no padding),
+    short of the last prompt position (the first one whose hidden state the loss needs)."""
+    if input_ids.shape[0] < 2:
+        return 0
+    same = ((input_ids == input_ids[:1]) & (position_ids == position_ids[:1]) & (attention_mask == 1)).all(0)
+    return min(int(same.long().cumprod(0).sum()), max(0, prompt_length - 1))
+
+
+def _last_hidden_states(
+    model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, prompt_length: int
+) -> tuple[Any, int]:
+    """The backbone's last hidden states from position ``offset`` on, and ``offset``: the rows' common
+    prefix is run once and its cache shared where that was checked to equal the full forward."""
+    k = shared_prefix_length(input_ids, attention_mask, position_ids, prompt_length)
+    if k >= _MIN_SHARED_PREFIX and _prefix_sharing_matches(model, backbone, input_ids, attention_mask, position_ids, k):
+        return _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k), k
+    full = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return full.last_hidden_state, 0
+
+
+def _shared_prefix_forward(backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, k: int) -> Any:
+    prefix = backbone(
+        input_ids=input_ids[:1, :k], attention_mask=attention_mask[:1, :k], position_ids=position_ids[:1, :k],
+        use_cache=True,
+    )  # fmt: skip
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(input_ids.shape[0])  # differentiable: the rows' gradients add up in the prefix
+    return backbone(
+        input_ids=input_ids[:, k:], attention_mask=attention_mask, position_ids=position_ids[:, k:],
+        past_key_values=cache, use_cache=True,
+    ).last_hidden_state  # fmt: skip
+
+
+def _prefix_sharing_matches(
+    model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, k: int
+) -> bool:
+    """Once per model: does the shared-prefix forward give the full forward's hidden states (on two
+    rows of the first batch that can share)? A cache without the needed support, or any difference,
+    keeps this model on the full forward."""
+    import torch
+
+    known = _SHARES_PREFIX.get(model)
+    if known is not None:
+        return known
+    rows = slice(0, 2)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = backbone(
+                input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position_ids[rows]
+            ).last_hidden_state[:, k:].float()
+            try:
+                shared = _shared_prefix_forward(
+                    backbone, input_ids[rows], attention_mask[rows], position_ids[rows], k
+                ).float()
+            except (AttributeError, TypeError, ValueError, NotImplementedError) as exc:
+                shared, why = None, f"{type(exc).__name__}: {exc}"
+    finally:
+        model.train(was_training)
+    if shared is not None:
+        gap = float((full - shared).abs().max()) if shared.shape == full.shape else float("inf")
+        why = f"max difference {gap:.3g} from the full forward"
+        ok = gap <= 1e-3 * (1.0 + float(full.abs().max()))
+    else:
+        ok = False
+    _SHARES_PREFIX[model] = ok
+    if ok:
+        logger.debug("%s: rows' common prefix is run once (%s)", type(_unwrap(model)).__name__, why)
+    else:
+        logger.info("%s: rows' common prefix cannot be shared (%s); running every row in full",
+                    type(_unwrap(model)).__name__, why)  # fmt: skip
+    return ok
