@@ -118,7 +118,9 @@ def response_logprobs(
     input_ids = batch.input_ids.to(device)
     attention_mask = batch.attention_mask.to(device)
     position_ids = batch.position_ids.to(device)
-    hidden, offset = _last_hidden_states(model, backbone, input_ids, attention_mask, position_ids, batch.prompt_length)
+    hidden, offset = _last_hidden_states(
+        model, backbone, input_ids, attention_mask, position_ids, prompt_length=batch.prompt_length
+    )
     p = batch.prompt_length - offset  # hidden[:, i] is position offset + i
     mask = batch.response_mask.to(device).bool()
     rows, cols = mask.nonzero(as_tuple=True)
@@ -154,12 +156,13 @@ def shared_prefix_length(input_ids: Any, attention_mask: Any, position_ids: Any,
 
 
 def _last_hidden_states(
-    model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, prompt_length: int
+    model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, *, prompt_length: int
 ) -> tuple[Any, int]:
     """The backbone's last hidden states from position ``offset`` on, and ``offset``: the rows' common
     prefix is run once and its cache shared where that was checked to equal the full forward."""
     k = shared_prefix_length(input_ids, attention_mask, position_ids, prompt_length)
-    if k >= _MIN_SHARED_PREFIX and _prefix_sharing_matches(model, backbone, input_ids, attention_mask, position_ids, k):
+    inputs = (input_ids, attention_mask, position_ids)
+    if k >= _MIN_SHARED_PREFIX and _prefix_sharing_matches(model, backbone, *inputs, k=k):
         return _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k), k
     full = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     return full.last_hidden_state, 0
@@ -179,7 +182,7 @@ def _shared_prefix_forward(backbone: Any, input_ids: Any, attention_mask: Any, p
 
 
 def _prefix_sharing_matches(
-    model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, k: int
+    model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, *, k: int
 ) -> bool:
     """Once per model: does the shared-prefix forward give the full forward's hidden states (on two
     rows of the first batch that can share)? A cache without the needed support, or any difference,
@@ -194,9 +197,13 @@ def _prefix_sharing_matches(
     model.eval()
     try:
         with torch.no_grad():
-            full = backbone(
-                input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position_ids[rows]
-            ).last_hidden_state[:, k:].float()
+            full = (
+                backbone(
+                    input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position_ids[rows]
+                )
+                .last_hidden_state[:, k:]
+                .float()
+            )
             try:
                 shared = _shared_prefix_forward(
                     backbone, input_ids[rows], attention_mask[rows], position_ids[rows], k
