@@ -21,7 +21,7 @@ import base64
 import hashlib
 import json
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -262,9 +262,9 @@ class Episode:
             "id": self.id,
             "task_id": self.task_id,
             "segments": [s.to_dict() for s in self.segments],
-            "calls": [asdict(c) for c in self.calls],
+            "calls": [dict(vars(c)) for c in self.calls],  # flat records: no deep copy (asdict's)
             "messages": _jsonable(self.messages),
-            "tools": {name: asdict(stats) for name, stats in self.tools.items()},
+            "tools": {name: dict(vars(stats)) for name, stats in self.tools.items()},
             "parse_errors": self.parse_errors,
             "unknown_tool_calls": self.unknown_tool_calls,
             "termination": self.termination.value,
@@ -331,6 +331,9 @@ def _jsonable(value: Any, _depth: int = 0) -> Any:
 
     Never raises: tool results are untrusted, so a value whose ``repr`` (or key's ``str``) raises,
     or a structure nested too deep (a cycle), becomes a placeholder naming its type."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value  # the common case first: an episode's messages are mostly strings
     try:
         if _depth > 200:
             return _placeholder(value, "nested too deep")
@@ -365,6 +368,9 @@ def _placeholder(value: Any, why: str) -> str:
 
 
 def _from_jsonable(value: Any) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:
+        return value
     if isinstance(value, dict):
         if set(value) == {_BYTES_KEY}:
             return base64.b64decode(value[_BYTES_KEY])

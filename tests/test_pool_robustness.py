@@ -14,7 +14,7 @@ import pytest
 
 from agentboost.episode import Episode, _jsonable
 from agentboost.pool import PoolConfig, StrandsProcessPool
-from agentboost.pool.wire import TO_POOL, FrameDecoder
+from agentboost.pool.wire import TO_POOL, FrameDecoder, unpack_episode
 from agentboost.pool.worker import done_frame
 from agentboost.runs import failed_episode
 from agentboost.types import Termination
@@ -124,7 +124,7 @@ def test_an_episode_json_cannot_hold_is_sent_as_infra_error() -> None:
     episode = failed_episode(s, Termination.COMPLETED, "")
     episode.reward_metrics = {"bad": {1, 2}}  # a set: not JSON
     [message] = FrameDecoder(TO_POOL).feed(done_frame(s, episode))
-    back = Episode.from_dict(message[2])
+    back = unpack_episode(message[2])
     assert message[1] == s.episode_id and back.termination is Termination.INFRA_ERROR
     assert "could not be serialised" in back.termination_detail
 

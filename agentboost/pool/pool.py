@@ -484,7 +484,7 @@ class StrandsProcessPool:
                 return  # already failed by the pool (deadline) and replaced
             worker.episodes_done += 1
             try:
-                episode = Episode.from_dict(data)
+                episode = wire.unpack_episode(data)
                 if episode.id != entry.spec.episode_id:
                     raise ValueError(f"episode id {episode.id!r} in the record of {episode_id!r}")
             except Exception as exc:

@@ -9,7 +9,7 @@ tools may print freely; bytes a tool writes into the socket make the worker *unr
 replaces it), never execute anything.
 
 Messages, pool -> worker: ``["run", spec_dict]``, ``["stop", drain]``.
-Worker -> pool: ``["ready", pid]``, ``["done", episode_id, episode_dict]``,
+Worker -> pool: ``["ready", pid]``, ``["done", episode_id, packed_episode]`` (:func:`wire.pack_episode`),
 ``["heartbeat", in_flight, busy_tool_threads, time]``, ``["fatal", traceback]`` (the worker could not
 start; it exits next). Tool threads still busy when no episode is running are leaked (a timed-out
 synchronous tool cannot be interrupted): the pool recycles a worker that leaks too many. When an
@@ -188,12 +188,12 @@ def done_frame(spec: Any, episode: Any, *, max_frame: int = wire.DEFAULT_MAX_FRA
     from ..types import Termination
 
     try:
-        return wire.encode(["done", spec.episode_id, episode.to_dict()], max_frame=max_frame)
+        return wire.encode(["done", spec.episode_id, wire.pack_episode(episode)], max_frame=max_frame)
     except Exception as exc:
         detail = f"the episode could not be serialised: {type(exc).__name__}: {_safe_str(exc)}"
         logger.warning("episode %s: %s", spec.episode_id, detail)
         failed = failed_episode(spec, Termination.INFRA_ERROR, detail[:2000])
-        return wire.encode(["done", spec.episode_id, failed.to_dict()], max_frame=max_frame)
+        return wire.encode(["done", spec.episode_id, wire.pack_episode(failed)], max_frame=max_frame)
 
 
 def _safe_str(exc: BaseException) -> str:
