@@ -91,3 +91,40 @@ def test_context_overflow(tiny) -> None:
     backend = HFLocalBackend(model, max_context=64)
     with pytest.raises(BackendContextOverflow):
         _gen(backend, [_req(list(range(60)), max_tokens=10)])
+
+
+def test_a_shared_prefix_is_prefilled_once_with_the_same_tokens_and_logprobs(tiny) -> None:
+    model, tok = tiny
+    system = tok.encode("You are a calculator assistant. Use the calculator tool, then answer with the number.")
+    assert len(system) >= 16
+    tails = [tok.encode(" What is 7 * 8?"), tok.encode(" What is 1 - 2 + 3?"), tok.encode(" Hi")]
+    requests = [_req(system + t, rid=str(i), temperature=1.0, seed=i, max_tokens=10) for i, t in enumerate(tails)]
+
+    def run(share):
+        backend = HFLocalBackend(model, max_batch_size=8, batch_window_s=0.05)
+        backend.shares_prefix = None if share else False
+        results = _gen(backend, requests)
+        assert backend.batches == 1
+        return backend, results
+
+    shared_backend, shared = run(True)
+    _, full = run(False)
+    assert shared_backend.shares_prefix is True
+    for a, b in zip(shared, full, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_a_model_whose_cache_cannot_be_shared_is_prefilled_in_full(tiny, monkeypatch) -> None:
+    model, tok = tiny
+    system = tok.encode("You are a calculator assistant. Use the calculator tool, then answer with the number.")
+    requests = [_req(system + tok.encode(t), rid=t) for t in (" one", " two plus")]
+    expected = [r.token_ids for r in _gen(HFLocalBackend(model, max_batch_size=1), requests)]
+    backend = HFLocalBackend(model, max_batch_size=8, batch_window_s=0.05)
+
+    def unsupported(self, requests, k):
+        raise AttributeError("no batch_repeat_interleave")
+
+    monkeypatch.setattr(HFLocalBackend, "_prefill_sharing", unsupported)
+    assert [r.token_ids for r in _gen(backend, requests)] == expected
+    assert backend.shares_prefix is False

@@ -6,6 +6,10 @@ episode) are micro-batched: the first waiting request opens a short window, up t
 a sampling loop that applies each request's own temperature / top-k / top-p / min-p / seed /
 ``max_tokens`` / stop tokens. Generation runs in a worker thread so the event loop stays free.
 
+The prompts' common prefix (system prompt, tool specs) is prefilled once and its cache shared by the
+batch, as vLLM's prefix caching does, once a first batch showed that this gives the full prefill's
+logits for this model (otherwise every prompt is prefilled in full).
+
 Logprobs are log-softmax of the raw logits at each sampled position (vLLM's default semantics).
 ``model`` may be a live ``nn.Module`` that a trainer is updating: rollouts then always come from the
 current weights. Hold :attr:`HFLocalBackend.lock` while changing weights.
@@ -77,6 +81,8 @@ class HFLocalBackend:
         self._workers: dict[int, asyncio.Task[None]] = {}
         self.batches = 0
         self.tokens_generated = 0
+        self.shares_prefix: bool | None = None
+        """Whether batches prefill their common prefix once (None until a batch could; checked then)."""
 
     def describe(self) -> str:
         name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
@@ -155,6 +161,7 @@ class HFLocalBackend:
             attention[i, width - len(r.prompt_ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        shared = self._shared_prefill(requests)
         generators = []
         for r in requests:
             if r.sampling.seed is not None:
@@ -173,9 +180,12 @@ class HFLocalBackend:
         seen = [set(r.prompt_ids) for r in requests]
 
         # Only the last position's logits are needed: never materialise [batch, prompt, vocab].
-        output = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
+        if shared is not None:
+            output, attention, positions = shared
+        else:
+            output = self.model(
+                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+            )
         past = output.past_key_values
         logits = output.logits[:, -1, :]
         last_pos = positions[:, -1]
@@ -223,6 +233,84 @@ class HFLocalBackend:
             )
             for i, r in enumerate(requests)
         ]
+
+    def _shared_prefill(self, requests: list[GenerationRequest]) -> tuple[Any, Any, Any] | None:
+        """(prefill output, attention mask, positions) with the prompts' common prefix run once, or
+        None where there is none worth sharing or this model was found not to support it."""
+        k = _common_prefix(requests)
+        if k < _MIN_SHARED_PREFIX or self.shares_prefix is False:
+            return None
+        if self.shares_prefix is None:
+            self.shares_prefix = self._shared_prefill_matches(requests[:2], k)
+            if not self.shares_prefix:
+                return None
+        return self._prefill_sharing(requests, k)
+
+    def _prefill_sharing(self, requests: list[GenerationRequest], k: int) -> tuple[Any, Any, Any]:
+        import torch
+
+        n = len(requests)
+        prefix = torch.tensor([requests[0].prompt_ids[:k]], dtype=torch.long, device=self.device)
+        cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(n)
+        width = max(len(r.prompt_ids) - k for r in requests)
+        rest = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        rest_attention = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(requests):
+            tail = r.prompt_ids[k:]
+            rest[i, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+            rest_attention[i, width - len(tail) :] = 1
+        rest, rest_attention = rest.to(self.device), rest_attention.to(self.device)
+        attention = torch.cat([torch.ones((n, k), dtype=torch.long, device=self.device), rest_attention], dim=-1)
+        positions = k + (rest_attention.cumsum(-1) - 1).clamp(min=0)
+        output = self.model(
+            input_ids=rest, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
+        return output, attention, positions
+
+    def _shared_prefill_matches(self, requests: list[GenerationRequest], k: int) -> bool:
+        """Once per backend: the shared prefill's next-token logits against a full prefill's."""
+        import torch
+
+        width = max(len(r.prompt_ids) for r in requests)
+        ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, r in enumerate(requests):
+            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+            attention[i, width - len(r.prompt_ids) :] = 1
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        full = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, logits_to_keep=1)
+        full_logits = full.logits[:, -1].float()
+        try:
+            shared_logits = self._prefill_sharing(requests, k)[0].logits[:, -1].float()
+        except (AttributeError, TypeError, ValueError, NotImplementedError) as exc:
+            logger.info("%s: prompts' common prefix cannot be prefilled once (%s: %s); prefilling in full",
+                        self.describe(), type(exc).__name__, exc)  # fmt: skip
+            return False
+        gap = float((full_logits - shared_logits).abs().max())
+        ok = gap <= 1e-3 * (1.0 + float(full_logits.abs().max()))
+        if not ok:
+            logger.info("%s: a shared-prefix prefill differs from the full one (max logit difference %.3g); "
+                        "prefilling in full", self.describe(), gap)  # fmt: skip
+        return ok
+
+
+_MIN_SHARED_PREFIX = 16
+
+
+def _common_prefix(requests: list[GenerationRequest]) -> int:
+    """Tokens every prompt starts with, short of each prompt's last token (it must be prefilled with
+    the prompt's own tail to give that prompt's next-token logits)."""
+    if len(requests) < 2:
+        return 0
+    first = requests[0].prompt_ids
+    limit = min(len(r.prompt_ids) for r in requests) - 1
+    k = 0
+    while k < limit and all(r.prompt_ids[k] == first[k] for r in requests):
+        k += 1
+    return k
 
 
 def _choose(
