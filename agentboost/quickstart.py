@@ -1,6 +1,6 @@
 """The quickstart: train a Strands agent end to end on one machine (a CPU is enough).
 
-Task: arithmetic questions ("What is 7 * 8?") answered through a real Strands ``Agent`` with a real
+Task: arithmetic questions ("What is 7*8?") answered through a real Strands ``Agent`` with a real
 ``@tool`` (the calculator); reward 1 when the final answer is exactly the number. One expression in
 five is held out for evaluation and never trained on.
 
@@ -68,18 +68,29 @@ class QuickstartConfig:
     lora_rank: int = 0
     device: str | None = None
     hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
+    num_layers: int = 3
+    """Three layers: with two, the copying skills formed anywhere from ~500 to over 1500 warm-start
+    steps depending on the seed (a phase change); with three, within a few hundred on most seeds."""
+    num_heads: int = 8
+    """Attention heads (half as many key/value heads). Eight heads of 16 dimensions: with four of 32 the
+    model often memorised the demonstrated expressions before it learned to copy them (low loss, no
+    copy on new expressions)."""
     vocab_size: int = 1024
     train_tasks: int = 512
     eval_tasks: int = 64
     max_ops: int = 1
     max_value: int = 9
+    spaced_expressions: bool = False
+    """Write the tasks as "What is 7*8?" (default) or, spaced, "What is 7 * 8?". Qwen's pre-tokenizer
+    splits every digit from the space before it, so a spaced expression puts the same space token in
+    front of both operands: a small model copying the expression into the tool call by induction
+    ("what followed this token last time") then picks the wrong operand half the time, and sorting that
+    out by position took it hundreds of extra warm-start steps on some seeds."""
     demos: int = 256
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = None
-    """Ceiling of the warm start; default: 1200 for the built-in model, 0 (no warm start) with --model."""
+    """Ceiling of the warm start; default: 1500 for the built-in model, 0 (no warm start) with --model."""
     warm_start_target: float | None = 0.8
     """End the warm start once this share of sampled check episodes reproduce the demonstrations
     (checked every ``warm_start_check_every`` steps; ``sft_steps`` is the ceiling)."""
@@ -89,6 +100,13 @@ class QuickstartConfig:
     warm_start_check_tasks: int = 32
     sft_lr: float = 3e-3
     sft_batch: int = 32
+    sft_weight_decay: float = 1.0
+    """AdamW's decoupled weight decay in the warm start: it pulls the model from memorising the
+    demonstrated expressions towards copying them (the skill that carries to new expressions), as
+    weight decay does in small algorithmic tasks; 0.1 or 0 left some seeds memorising for 1000+ steps."""
+    sft_schedule: str = "constant"
+    """Learning rate after the warm-up: "constant" (the warm start ends at a check, not at a step
+    count) or "cosine" (decays to 10% at the ceiling)."""
     grpo_steps: int = 40
     prompts_per_step: int = 8
     group_size: int = 8
@@ -97,6 +115,12 @@ class QuickstartConfig:
     kl_coef: float = 0.0
     temperature: float = 1.0
     wandb_project: str | None = "agentboost-quickstart"
+
+    def __post_init__(self) -> None:  # refuse bad options before minutes of work, not at the warm start
+        if self.sft_schedule not in ("constant", "cosine"):
+            raise ValueError(f"sft_schedule must be 'constant' or 'cosine', got {self.sft_schedule!r}")
+        if self.sft_weight_decay < 0:
+            raise ValueError(f"sft_weight_decay must be >= 0, got {self.sft_weight_decay}")
 
 
 def verbose_answer(answer: str) -> str:
@@ -153,7 +177,7 @@ def warm_start_check_rows(cfg: QuickstartConfig, demo_rows: list[dict[str, Any]]
     seen = {row["expression"] for row in demo_rows}
     drawn = make_tasks(
         4 * cfg.warm_start_check_tasks, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.max_value,
-        split="warm-start-check",
+        split="warm-start-check", spaced=cfg.spaced_expressions,
     )  # fmt: skip
     unseen = [row for row in drawn if row["expression"] not in seen]
     rows = (unseen + [row for row in drawn if row["expression"] in seen])[: cfg.warm_start_check_tasks]
@@ -207,6 +231,7 @@ def warm_start(
     losses = sft(
         trainer.model, demos, pad_token_id=trainer.pad_token_id, steps=steps, lr=cfg.sft_lr,
         batch_size=cfg.sft_batch, seed=cfg.seed, weights=weights, progress=progress,
+        weight_decay=cfg.sft_weight_decay, schedule=cfg.sft_schedule,
         until=check if target is not None else None, check_every=cfg.warm_start_check_every,
     )  # fmt: skip
     if not checks or checks[-1]["step"] != len(losses):
@@ -301,8 +326,9 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    train_rows = make_tasks(cfg.train_tasks, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.max_value, split="train")
-    eval_rows = make_tasks(cfg.eval_tasks, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.max_value, split="eval")
+    tasks = {"seed": cfg.seed, "max_ops": cfg.max_ops, "max_value": cfg.max_value, "spaced": cfg.spaced_expressions}
+    train_rows = make_tasks(cfg.train_tasks, split="train", **tasks)
+    eval_rows = make_tasks(cfg.eval_tasks, split="eval", **tasks)
     model, tokenizer = _build_model(cfg, train_rows)
     template = ChatTemplate(tokenizer)
     agent = StrandsAgent(system_prompt=SYSTEM_PROMPT)
@@ -319,7 +345,7 @@ def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str,
     previous = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     resumed = trainer.load_checkpoint()
 
-    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 1200)
+    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 1500)
     warm: dict[str, Any] = dict(previous.get("warm_start", {}))
     timings: dict[str, float] = dict(previous.get("timings", {}))
     if resumed:

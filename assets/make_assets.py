@@ -142,10 +142,12 @@ def eval_quickstart_model(run_dir: Path, work: Path, figures: Path) -> Path:
     summary_path = run_dir / "summary.json"
     config = json.loads(summary_path.read_text()).get("config", {}) if summary_path.is_file() else {}
     seed, max_ops, max_value = (config.get(k, getattr(cfg, k)) for k in ("seed", "max_ops", "max_value"))
-    rows = make_tasks(12, seed=seed, max_ops=max_ops, max_value=max_value, split="eval")
+    spaced = bool(config.get("spaced_expressions", True))  # runs from before the option were spaced
+    rows = make_tasks(12, seed=seed, max_ops=max_ops, max_value=max_value, split="eval", spaced=spaced)
     data = work / "arithmetic-held-out.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = work / "eval-quickstart"
+    shutil.rmtree(out, ignore_errors=True)  # this script's own scratch: `agentboost eval` refuses a used --out
     agentboost("eval", "--example", "arithmetic", "--data", str(data), "--backend", f"hf:{run_dir / 'final_model'}",
                "--n", "4", "--temperature", "1.0", "--seed", "0", "--workers", "0", "--max-turns", "4",
                "--max-tokens-per-call", "48", "--out", str(out))  # fmt: skip

@@ -138,3 +138,65 @@ def test_the_cli_parses_every_option_with_its_annotated_type() -> None:
     assert args.warm_start_target == 0.8 and args.sft_steps == 900 and args.model == "m"
     assert parser.parse_args(["quickstart"]).warm_start_target == 0.8
     assert parser.parse_args(["quickstart", "--warm-start-target", "none"]).warm_start_target is None
+
+
+def test_warm_start_optimiser_options_reach_the_optimiser_and_bad_ones_are_refused(tiny) -> None:
+    import copy
+
+    from agentboost.train.sft import sft
+
+    cfg, rows, model, template = tiny
+    demos = demonstration_episodes(rows[:4], demo_turns(verbose=False), template, env=ENV, agent=AGENT)
+
+    def norm_after(**options):
+        trained = copy.deepcopy(model)
+        sft(trained, demos, pad_token_id=0, steps=3, lr=1e-3, batch_size=2, progress=False, **options)
+        return float(sum(p.detach().norm() ** 2 for p in trained.parameters()) ** 0.5)
+
+    # decoupled decay shrinks every weight by lr * wd per step: 10% a step here, whatever the gradient does
+    assert norm_after(weight_decay=100.0, schedule="constant") < 0.85 * norm_after(schedule="constant")
+    with pytest.raises(ValueError, match="schedule"):
+        sft(copy.deepcopy(model), demos, pad_token_id=0, steps=1, schedule="linear", progress=False)
+    with pytest.raises(ValueError, match="sft_schedule"):
+        QuickstartConfig(sft_schedule="linear")
+    with pytest.raises(ValueError, match="sft_weight_decay"):
+        QuickstartConfig(sft_weight_decay=-1.0)
+
+
+def test_unspaced_tasks_are_the_same_tasks_and_split_written_without_spaces() -> None:
+    spaced = make_tasks(200, seed=3, max_ops=2, max_value=9, split="train")
+    compact = make_tasks(200, seed=3, max_ops=2, max_value=9, split="train", spaced=False)
+    assert [r["expression"].replace(" ", "") for r in spaced] == [r["expression"] for r in compact]
+    assert [r["answer"] for r in spaced] == [r["answer"] for r in compact]
+    assert all(" " not in r["expression"] and r["prompt"] == f"What is {r['expression']}?" for r in compact)
+    held_out = {r["expression"] for r in make_tasks(500, seed=3, max_ops=2, max_value=9, split="eval", spaced=False)}
+    assert held_out and not held_out & {r["expression"] for r in compact}
+
+
+def test_the_quickstart_tasks_give_each_operand_its_own_cue(tiny) -> None:
+    """Why the quickstart writes "7*8": with spaces, Qwen's pre-tokenizer puts the same space token in
+    front of both operands, and copying by "what followed this token" cannot tell them apart."""
+    _, _, _, template = tiny
+    from agentboost.offline.tokenizer_builder import load_tokenizer
+
+    real = load_tokenizer("qwen2.5")
+    spaced = [real.decode([t]) for t in real.encode("What is 7 * 8?")]
+    compact = [real.decode([t]) for t in real.encode("What is 7*8?")]
+    before = lambda pieces, digit: pieces[pieces.index(digit) - 1]  # noqa: E731
+    assert before(spaced, "7") == before(spaced, "8") == " "
+    assert before(compact, "8") != before(compact, "7")
+    assert QuickstartConfig().spaced_expressions is False
+
+
+def test_the_cli_parses_booleans_strictly() -> None:
+    import argparse
+
+    from agentboost.cli.quickstart import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    assert parser.parse_args(["quickstart", "--spaced-expressions", "true"]).spaced_expressions is True
+    assert parser.parse_args(["quickstart", "--spaced-expressions", "no"]).spaced_expressions is False
+    assert parser.parse_args(["quickstart"]).spaced_expressions is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["quickstart", "--spaced-expressions", "maybe"])

@@ -16,6 +16,8 @@ def _kind(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
     """The argparse type of a config field, from its annotation (``int | None`` parses as int, and
     ``none`` as None)."""
     annotation = str(field.type).replace(" ", "").split("|")
+    if annotation == ["bool"]:
+        return _boolean
     kind: Callable[[str], Any] = str
     for name, numeric in (("int", int), ("float", float)):
         if name in annotation:
@@ -29,6 +31,14 @@ def _kind(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
 
     optional.__name__ = getattr(kind, "__name__", "value")
     return optional
+
+
+def _boolean(value: str) -> bool:
+    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    try:
+        return words[value.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}") from None
 
 
 def add_parser(sub: Any) -> None:

@@ -28,13 +28,14 @@ def _held_out(expression: str) -> bool:
 
 
 def make_tasks(
-    n: int, *, seed: int = 0, max_ops: int = 2, max_value: int = 99, split: str = "train"
+    n: int, *, seed: int = 0, max_ops: int = 2, max_value: int = 99, split: str = "train", spaced: bool = True
 ) -> list[dict[str, Any]]:
     """``n`` arithmetic tasks, deterministic for a given seed.
 
     ``split="eval"`` draws only from expressions reserved for evaluation (one in five, by hash) and
     every other split only from the rest, so held-out expressions are never trained on. Tasks may
-    repeat when ``n`` exceeds the number of distinct expressions.
+    repeat when ``n`` exceeds the number of distinct expressions. ``spaced=False`` writes the
+    expressions without spaces ("7*8"): the same tasks and the same held-out split.
     """
     rng = random.Random(f"{split}:{seed}")
     want_held_out = split == "eval"
@@ -52,6 +53,8 @@ def make_tasks(
         if _held_out(expression) != want_held_out:
             continue
         i = len(tasks)
+        if not spaced:
+            expression = expression.replace(" ", "")
         tasks.append(
             {
                 "task_id": f"arith-{split}-{seed}-{i}",

@@ -74,6 +74,8 @@ def sft(
     progress: bool = True,
     until: Callable[[int], bool] | None = None,
     check_every: int = 100,
+    weight_decay: float = 0.0,
+    schedule: str = "cosine",
 ) -> list[float]:
     """Minimise the mean NLL of the model tokens of ``episodes``; returns the loss per step.
 
@@ -82,10 +84,16 @@ def sft(
     give them with those probabilities, instead of memorising one answer per prompt.
 
     ``until(step)`` is asked every ``check_every`` steps (model in eval mode) whether the skill the
-    demonstrations teach is there yet; True ends training early (``steps`` is then the ceiling)."""
+    demonstrations teach is there yet; True ends training early (``steps`` is then the ceiling).
+
+    ``schedule``: linear warm-up over the first 5% of ``steps``, then ``"cosine"`` decay to 10% at
+    ``steps`` or ``"constant"`` (for a run that ends at a check: a decay towards a ceiling it may never
+    reach only slows the steps it does take). ``weight_decay``: AdamW's, decoupled."""
     import torch
     from tqdm import tqdm
 
+    if schedule not in ("cosine", "constant"):
+        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
     if weights is not None and len(weights) != len(episodes):
         raise ValueError(f"{len(weights)} weights for {len(episodes)} episodes")
     keep = [i for i, e in enumerate(episodes) if not e.masked and e.num_model_tokens]
@@ -94,16 +102,18 @@ def sft(
     if not usable or (usable_weights is not None and sum(usable_weights) <= 0):
         raise ValueError("no usable demonstration episodes")
     rng = random.Random(seed)
-    optimizer = MasterWeightAdamW(model.parameters(), lr=lr)  # fp32 masters for bf16/fp16 weights
+    optimizer = MasterWeightAdamW(model.parameters(), lr=lr, weight_decay=weight_decay)  # fp32 masters for bf16/fp16
     warmup = max(1, steps // 20)
 
-    def schedule(step: int) -> float:  # linear warm-up, cosine decay to 10%
+    def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
         progress = (step - warmup) / max(1, steps - warmup)
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, schedule)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, factor)
     device = next(model.parameters()).device
     losses: list[float] = []
     model.train()

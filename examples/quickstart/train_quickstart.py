@@ -31,8 +31,10 @@ def main() -> None:
 
     # 1. Tasks: rows that StrandsEnv.from_dict understands (prompt + whatever the reward needs).
     quick = QuickstartConfig(seed=args.seed)
-    train_rows = make_tasks(512, seed=args.seed, max_ops=1, max_value=quick.max_value, split="train")
-    eval_rows = make_tasks(64, seed=args.seed, max_ops=1, max_value=quick.max_value, split="eval")
+    #    Written "7*8" (quick.spaced_expressions is False): see QuickstartConfig for why.
+    tasks = {"seed": args.seed, "max_ops": 1, "max_value": quick.max_value, "spaced": quick.spaced_expressions}
+    train_rows = make_tasks(512, split="train", **tasks)
+    eval_rows = make_tasks(64, split="eval", **tasks)
 
     # 2. Model and tokenizer (replace with AutoModelForCausalLM / AutoTokenizer for a real model).
     model, tokenizer = _build_model(quick, train_rows)
@@ -49,9 +51,9 @@ def main() -> None:
     trainer = GRPOTrainer(model, template, train_rows, eval_rows=eval_rows, env=ENV, agent=agent, config=config)
 
     # 4. Warm start on demonstrations (skip for a pretrained model that can already call tools): both
-    #    answer styles per prompt, 30% bare number (rewarded) / 70% "56 is the answer." (not rewarded),
-    #    until a sampled check shows the policy reproduces them, rewarded style included (ceiling: 1200 steps).
-    warm = warm_start(quick, trainer, train_rows, steps=1200)
+    #    answer styles per prompt, 30% bare number (rewarded) / 70% "The answer is 56." (not rewarded),
+    #    until a sampled check shows the policy reproduces them, rewarded style included (ceiling: 1500 steps).
+    warm = warm_start(quick, trainer, train_rows, steps=1500)
     logging.info("warm start: %d steps, sampled check %.2f", warm["steps"], warm["check"])
 
     # 5. GRPO.
