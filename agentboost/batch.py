@@ -131,3 +131,61 @@ def episodes_to_batch(
         masked=[e.masked or t for e, t in zip(episodes, truncated, strict=True)],
         truncated=truncated,
     )
+
+
+def select_rows(batch: Batch, idx: list[int]) -> Batch:
+    """The rows ``idx`` of ``batch`` (tensors and per-row lists), padded as before."""
+    import dataclasses
+
+    import torch
+
+    index = torch.tensor(idx, dtype=torch.long)
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if hasattr(value, "index_select"):
+            changes[f.name] = value.index_select(0, index)
+        elif isinstance(value, list) and value:
+            changes[f.name] = [value[i] for i in idx]
+    return dataclasses.replace(batch, **changes)
+
+
+def compact(batch: Batch) -> Batch:
+    """``batch`` without the prompt columns that are padding in every row (on the left) and the
+    response columns that are padding in every row (on the right). Positions, masks and response column
+    indices are unchanged for the columns kept, so a model sees exactly the same tokens."""
+    import dataclasses
+
+    width_p = batch.prompt_length
+    real_p = batch.attention_mask[:, :width_p].any(0).nonzero()
+    real_r = batch.attention_mask[:, width_p:].any(0).nonzero()
+    first = int(real_p[0]) if real_p.numel() else width_p - 1
+    last = int(real_r[-1]) + 1 if real_r.numel() else 1
+    if first == 0 and last == batch.responses.shape[1]:
+        return batch
+    keep = slice(first, width_p + last)
+    return dataclasses.replace(
+        batch,
+        input_ids=batch.input_ids[:, keep],
+        attention_mask=batch.attention_mask[:, keep],
+        position_ids=batch.position_ids[:, keep],
+        prompts=batch.prompts[:, first:],
+        responses=batch.responses[:, :last],
+        response_mask=batch.response_mask[:, :last],
+        token_level_scores=batch.token_level_scores[:, :last],
+        rollout_log_probs=batch.rollout_log_probs[:, :last],
+    )
+
+
+def length_chunks(batch: Batch, idx: list[int], max_tokens: int) -> list[list[int]]:
+    """Split the rows ``idx`` into chunks of similar length (shortest first) of at most ``max_tokens``
+    rows x longest row (a longer row is a chunk of its own): a short row then no longer pays for the
+    longest episode of the batch in attention, MLPs and backward."""
+    lengths = batch.attention_mask.sum(1).tolist()
+    chunks: list[list[int]] = []
+    for i in sorted(idx, key=lambda i: (lengths[i], i)):
+        if chunks and (len(chunks[-1]) + 1) * lengths[i] <= max_tokens:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks

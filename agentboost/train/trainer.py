@@ -32,7 +32,7 @@ from typing import Any
 
 from ..agents.strands_agent import StrandsAgent
 from ..backends.hf_local import HFLocalBackend
-from ..batch import episodes_to_batch
+from ..batch import Batch, compact, episodes_to_batch, length_chunks, select_rows
 from ..chat.template import ChatTemplate
 from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
@@ -71,6 +71,11 @@ class TrainConfig:
         default_factory=lambda: SamplingParams(temperature=0.0, max_tokens_per_call=64)
     )
     budget: Budget = field(default_factory=lambda: Budget(max_turns=4, max_total_tokens=1024, wall_clock_s=300))
+    micro_batch_tokens: int | None = 16384
+    """Rows of a minibatch run forward and backward in chunks of similar length, each about this many
+    tokens (rows x longest row), gradients accumulated over the chunks and weighted so the loss is
+    the minibatch's token-mean exactly as in one pass. Bounds memory and spares short episodes the
+    padding of the longest. None: the whole minibatch in one pass."""
     logprob_gap_alarm: float | None = 0.5
     """Stop when the mean |rollout - trainer| logprob gap on loss tokens exceeds this (stale rollouts)."""
     wandb_project: str | None = "agentboost"
@@ -201,12 +206,13 @@ class GRPOTrainer:
         temperature = cfg.sampling.temperature  # the distribution the rollouts were sampled from
         if cfg.kl_coef > 0 and self.reference is None:
             self.ensure_reference()
+        everything = self._chunks(batch, list(range(len(batch))))
         with torch.no_grad():
             self.model.eval()
-            old, old_raw = response_logprobs(self.model, batch, temperature=temperature, with_raw=True)
+            old, old_raw = _chunked_logprobs(self.model, batch, everything, temperature=temperature, with_raw=True)
             ref = None
             if self.reference is not None and cfg.kl_coef > 0:
-                ref = response_logprobs(self.reference, batch, temperature=temperature)
+                ref, _ = _chunked_logprobs(self.reference, batch, everything, temperature=temperature)
         n_loss = float(mask.sum())
         # Backends report temperature-1 log-probs (vLLM's default): compare like with like.
         gap = ((old_raw - batch.rollout_log_probs.to(self.device)).abs() * mask).sum() / max(n_loss, 1.0)
@@ -232,16 +238,26 @@ class GRPOTrainer:
             size = math.ceil(len(rows) / cfg.minibatches)
             for start in range(0, len(rows), size):
                 idx = rows[start : start + size]
-                sub = _select(batch, idx)
-                new = response_logprobs(self.model, sub, temperature=temperature)
-                loss, parts = policy_loss(
-                    new, old[idx], advantages[idx].to(self.device), mask[idx],
-                    clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
-                    ref_logprobs=None if ref is None else ref[idx], kl_coef=cfg.kl_coef,
-                )  # fmt: skip
+                tokens = float(mask[idx].sum())
                 self.optimizer.zero_grad(set_to_none=True)
+                parts: Counter[str] = Counter()
+                for chunk in self._chunks(batch, idx):
+                    sub = compact(select_rows(batch, chunk))
+                    width = sub.responses.shape[1]
+                    new = response_logprobs(self.model, sub, temperature=temperature)
+                    loss, chunk_parts = policy_loss(
+                        new, old[chunk, :width], advantages[chunk].to(self.device), mask[chunk, :width],
+                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
+                        ref_logprobs=None if ref is None else ref[chunk, :width], kl_coef=cfg.kl_coef,
+                    )  # fmt: skip
+                    # A chunk's token-mean, weighted by its share of the minibatch's loss tokens: the
+                    # accumulated gradient is the minibatch token-mean's.
+                    share = chunk_parts["loss_tokens"] / tokens if tokens else 0.0
+                    with self.backend.lock:
+                        (loss * share).backward()
+                    parts.update({k: v * share for k, v in chunk_parts.items() if k != "loss_tokens"})
+                parts["loss_tokens"] = tokens
                 with self.backend.lock:
-                    loss.backward()
                     grad_norm = self.optimizer.clip_grad_norm_(cfg.grad_clip)
                     if math.isfinite(grad_norm):
                         self.optimizer.step()
@@ -256,6 +272,10 @@ class GRPOTrainer:
         metrics.update({k: v / updates for k, v in sums.items()} if updates else {})
         metrics["nonfinite_grad_skips"] = float(skipped)
         return metrics
+
+    def _chunks(self, batch: Batch, idx: list[int]) -> list[list[int]]:
+        budget = self.config.micro_batch_tokens
+        return length_chunks(batch, idx, budget) if budget else [list(idx)]
 
     # -- KL reference -------------------------------------------------------------------------------
     def ensure_reference(self) -> Any:
@@ -380,20 +400,26 @@ def _groups_with_signal(batch: Any) -> int:
     return sum(1 for values in rewards.values() if len(values) > 1)
 
 
-def _select(batch: Any, idx: list[int]) -> Any:
-    import dataclasses
-
+def _chunked_logprobs(
+    model: Any, batch: Batch, chunks: list[list[int]], *, temperature: float, with_raw: bool = False
+) -> tuple[Any, Any]:
+    """``response_logprobs`` of the whole batch (and its temperature-1 values with ``with_raw``), run
+    chunk by chunk with each chunk's padding trimmed."""
     import torch
 
-    index = torch.tensor(idx, dtype=torch.long)
-    changes = {}
-    for f in dataclasses.fields(batch):
-        value = getattr(batch, f.name)
-        if hasattr(value, "index_select"):
-            changes[f.name] = value.index_select(0, index)
-        elif isinstance(value, list) and value:
-            changes[f.name] = [value[i] for i in idx]
-    return dataclasses.replace(batch, **changes)
+    out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+    raw = torch.zeros_like(out) if with_raw else None
+    for chunk in chunks:
+        sub = compact(select_rows(batch, chunk))
+        width = sub.responses.shape[1]
+        values = response_logprobs(model, sub, temperature=temperature, with_raw=with_raw)
+        rows = torch.tensor(chunk, dtype=torch.long)
+        if with_raw:
+            values, raw_values = values
+            raw[rows, :width] = raw_values.float().cpu()
+        out[rows, :width] = values.float().cpu()
+    device = next(model.parameters()).device
+    return out.to(device), None if raw is None else raw.to(device)
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
