@@ -128,3 +128,30 @@ def test_a_model_whose_cache_cannot_be_shared_is_prefilled_in_full(tiny, monkeyp
     monkeypatch.setattr(HFLocalBackend, "_prefill_sharing", unsupported)
     assert [r.token_ids for r in _gen(backend, requests)] == expected
     assert backend.shares_prefix is False
+
+
+def test_a_sliding_window_model_is_prefilled_in_full(tiny) -> None:
+    """A shared prefill puts each prompt's left padding between the prefix and its tail; under a
+    sliding window those pad slots take window positions, so a padded prompt would see fewer real
+    tokens than in a full prefill (its log-probs would be wrong). Such models are prefilled in full."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tok = tiny
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, sliding_window=24, max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    system = tok.encode("You are a calculator assistant. Use the calculator tool, then answer with the number.")
+    tails = [tok.encode(" What is 7 * 8? Please answer with just the number"), tok.encode(" Hi")]
+    requests = [_req(system + t, rid=str(i), temperature=1.0, seed=i, max_tokens=8) for i, t in enumerate(tails)]
+    alone = [_gen(HFLocalBackend(model, max_batch_size=1), [r])[0] for r in requests]
+    backend = HFLocalBackend(model, max_batch_size=8, batch_window_s=0.05)
+    # The first batch is one GRPO group: the same prompt n times, no padding, nothing to see there.
+    _gen(backend, [_req(system + tails[1], rid=f"g{i}", temperature=1.0, seed=i, max_tokens=4) for i in range(2)])
+    batched = _gen(backend, requests)
+    assert backend.batches == 2 and backend.shares_prefix is False
+    for a, b in zip(batched, alone, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)

@@ -109,3 +109,39 @@ def test_a_shared_forward_that_differs_from_the_full_one_is_not_used(setup, monk
     got = response_logprobs(fresh, batch).detach()
     assert logprobs_module._SHARES_PREFIX[fresh] is False
     assert torch.allclose(got, expected, atol=1e-5)
+
+
+def _gemma2(vocab: int):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, sliding_window=512, max_position_embeddings=1024,
+    )  # fmt: skip
+    return Gemma2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("kind", ["gradient_checkpointing", "gemma2"])
+def test_a_model_that_keeps_no_cache_in_training_runs_in_full(setup, kind) -> None:
+    """Some models keep no cache in training mode (gradient checkpointing; Gemma 2 creates one only in
+    eval mode) although the once-per-model check, run in eval mode, found sharing to work: the
+    training forward then runs in full, with the full forward's log-probs and gradients."""
+    model, tokenizer, episodes = setup
+    batch = episodes_to_batch(episodes, pad_token_id=tokenizer.pad_token_id)
+    base = copy.deepcopy(model) if kind == "gradient_checkpointing" else _gemma2(model.config.vocab_size)
+    policy, full_model = copy.deepcopy(base), copy.deepcopy(base)
+    logprobs_module._SHARES_PREFIX[full_model] = False
+    if kind == "gradient_checkpointing":
+        policy.gradient_checkpointing_enable()
+    with torch.no_grad():
+        policy.eval()
+        response_logprobs(policy, batch, temperature=0.7)  # the check runs here, in eval mode
+    assert logprobs_module._SHARES_PREFIX[policy] is True
+    policy.train()
+    full_model.train()
+    values, grads = _loss_and_grads(policy, batch)
+    full_values, full_grads = _loss_and_grads(full_model, batch)
+    torch.testing.assert_close(values, full_values, rtol=1e-5, atol=1e-5)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -241,6 +241,11 @@ class HFLocalBackend:
         if k < _MIN_SHARED_PREFIX or self.shares_prefix is False:
             return None
         if self.shares_prefix is None:
+            window = _sliding_window(self.model)
+            if window:  # the tails' left padding would sit inside the prefix's window: not the full prefill's
+                logger.info("%s: sliding-window attention (%s); prompts are prefilled in full", self.describe(), window)
+                self.shares_prefix = False
+                return None
             self.shares_prefix = self._shared_prefill_matches(requests[:2], k)
             if not self.shares_prefix:
                 return None
@@ -285,7 +290,7 @@ class HFLocalBackend:
         full_logits = full.logits[:, -1].float()
         try:
             shared_logits = self._prefill_sharing(requests, k)[0].logits[:, -1].float()
-        except (AttributeError, TypeError, ValueError, NotImplementedError) as exc:
+        except (AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError) as exc:
             logger.info("%s: prompts' common prefix cannot be prefilled once (%s: %s); prefilling in full",
                         self.describe(), type(exc).__name__, exc)  # fmt: skip
             return False
@@ -298,6 +303,20 @@ class HFLocalBackend:
 
 
 _MIN_SHARED_PREFIX = 16
+
+
+def _sliding_window(model: Any) -> str | None:
+    """What makes ``model`` attend through a sliding window (None when it does not): Mistral-style
+    ``sliding_window``, Qwen2's ``use_sliding_window``, per-layer ``layer_types`` (Gemma 2/3, Cohere 2)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:
+        sliding = [t for t in layer_types if "sliding" in str(t)]
+        return f"{len(sliding)} of {len(layer_types)} layers" if sliding else None
+    window = getattr(config, "sliding_window", None)
+    return f"window {window}" if window else None
 
 
 def _common_prefix(requests: list[GenerationRequest]) -> int:

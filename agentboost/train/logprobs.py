@@ -163,9 +163,16 @@ def _last_hidden_states(
     k = shared_prefix_length(input_ids, attention_mask, position_ids, prompt_length)
     inputs = (input_ids, attention_mask, position_ids)
     if k >= _MIN_SHARED_PREFIX and _prefix_sharing_matches(model, backbone, *inputs, k=k):
-        return _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k), k
+        try:
+            return _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k), k
+        except _NoCache:
+            pass  # this mode keeps no cache (training with gradient checkpointing; Gemma 2 in training)
     full = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     return full.last_hidden_state, 0
+
+
+class _NoCache(Exception):
+    """The prefix forward returned no cache to share."""
 
 
 def _shared_prefix_forward(backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, k: int) -> Any:
@@ -174,6 +181,8 @@ def _shared_prefix_forward(backbone: Any, input_ids: Any, attention_mask: Any, p
         use_cache=True,
     )  # fmt: skip
     cache = prefix.past_key_values
+    if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+        raise _NoCache
     cache.batch_repeat_interleave(input_ids.shape[0])  # differentiable: the rows' gradients add up in the prefix
     return backbone(
         input_ids=input_ids[:, k:], attention_mask=attention_mask, position_ids=position_ids[:, k:],
@@ -208,7 +217,7 @@ def _prefix_sharing_matches(
                 shared = _shared_prefix_forward(
                     backbone, input_ids[rows], attention_mask[rows], position_ids[rows], k
                 ).float()
-            except (AttributeError, TypeError, ValueError, NotImplementedError) as exc:
+            except (_NoCache, AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError) as exc:
                 shared, why = None, f"{type(exc).__name__}: {exc}"
     finally:
         model.train(was_training)
