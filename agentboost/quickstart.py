@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -117,10 +118,39 @@ class QuickstartConfig:
     wandb_project: str | None = "agentboost-quickstart"
 
     def __post_init__(self) -> None:  # refuse bad options before minutes of work, not at the warm start
+        problems = []
+        for name, value in asdict(self).items():
+            if isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{name} must be a finite number, got {value}")
+        for name in ("hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks", "eval_tasks", "max_ops",
+                     "max_value", "demos", "warm_start_check_every", "warm_start_check_tasks", "sft_batch",
+                     "prompts_per_step", "group_size"):  # fmt: skip
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("lora_rank", "grpo_steps", "eval_every", "sft_weight_decay", "kl_coef"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.sft_steps is not None and self.sft_steps < 0:
+            problems.append(f"sft_steps must be >= 0 or none, got {self.sft_steps}")
+        for name in ("lr", "sft_lr", "temperature"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0.0 <= self.verbose_fraction <= 1.0:
+            problems.append(f"verbose_fraction must be between 0 and 1, got {self.verbose_fraction}")
+        for name in ("warm_start_low", "warm_start_target"):  # above 1: never met (the ceiling decides)
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                problems.append(f"{name} must be >= 0, got {value}")
+        heads, kv_heads = self.num_heads, max(1, self.num_heads // 2)
+        if heads >= 1 and (self.hidden_size % (2 * heads) or heads % kv_heads):
+            problems.append(
+                f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
+                f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
+            )
         if self.sft_schedule not in ("constant", "cosine"):
-            raise ValueError(f"sft_schedule must be 'constant' or 'cosine', got {self.sft_schedule!r}")
-        if self.sft_weight_decay < 0:
-            raise ValueError(f"sft_weight_decay must be >= 0, got {self.sft_weight_decay}")
+            problems.append(f"sft_schedule must be 'constant' or 'cosine', got {self.sft_schedule!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
 
 
 def verbose_answer(answer: str) -> str:
@@ -317,11 +347,44 @@ def _build_model(cfg: QuickstartConfig, rows: list[dict[str, Any]]) -> tuple[Any
     return model, tokenizer
 
 
+_DEFINES_THE_RUN = (
+    "seed", "model", "lora_rank", "hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks",
+    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "verbose_fraction",
+)  # fmt: skip
+"""Options a checkpoint only makes sense with: the model, its tokenizer (built from the tasks) and the tasks."""
+_BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True}
+"""What a run directory written before an option existed was run with."""
+
+
+def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
+    """Refuse to resume a checkpoint made with other model, tokenizer or task options: its weights would
+    not load (another shape) or, worse, load onto a tokenizer whose ids mean other tokens."""
+    if not (run_dir / "checkpoint" / "trainer_state.json").is_file():
+        return
+    summary = run_dir / "summary.json"
+    saved = json.loads(summary.read_text()).get("config") if summary.is_file() else None
+    if not isinstance(saved, dict):
+        logger.warning("%s has a checkpoint but no recorded settings (summary.json): resuming it unchecked", run_dir)
+        return
+    now = asdict(cfg)
+    different = [
+        f"--{name.replace('_', '-')} {saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name))} (saved) vs {now[name]} (now)"
+        for name in _DEFINES_THE_RUN
+        if saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, now[name])) != now[name]
+    ]
+    if different:
+        raise ValueError(
+            f"{run_dir} holds a checkpoint made with other settings: {'; '.join(different)}. Rerun with the saved "
+            "settings to resume it, or give a new --run-dir."
+        )
+
+
 def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str, Any]:
     import torch
 
     started = time.monotonic()
     run_dir = Path(cfg.run_dir)
+    check_resumable(cfg, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -200,3 +200,52 @@ def test_the_cli_parses_booleans_strictly() -> None:
     assert parser.parse_args(["quickstart"]).spaced_expressions is False
     with pytest.raises(SystemExit):
         parser.parse_args(["quickstart", "--spaced-expressions", "maybe"])
+
+
+def test_resuming_a_run_made_with_other_model_or_task_settings_is_refused(tmp_path, capsys) -> None:
+    """A checkpoint made with other model/tokenizer/task settings either does not load (other shapes)
+    or loads onto a tokenizer rebuilt from other tasks, whose ids mean other tokens: refused, saying
+    which settings differ. Run dirs from before ``spaced_expressions`` existed were spaced."""
+    from agentboost.cli.main import main
+
+    options = dict(
+        run_dir=str(tmp_path / "qs"), hidden_size=32, num_layers=1, num_heads=2, train_tasks=32, eval_tasks=8,
+        demos=32, sft_steps=2, sft_batch=8, warm_start_check_tasks=4, grpo_steps=1, prompts_per_step=2,
+        group_size=2, eval_every=0, wandb_project=None,
+    )  # fmt: skip
+    run_quickstart(QuickstartConfig(**options), progress=False)
+    with pytest.raises(ValueError, match=r"--num-layers 1 \(saved\) vs 2 \(now\)"):
+        run_quickstart(QuickstartConfig(**{**options, "num_layers": 2}), progress=False)
+    argv = ["quickstart", "--run-dir", options["run_dir"], "--hidden-size", "32", "--num-layers", "1", "--num-heads",
+            "2", "--train-tasks", "32", "--eval-tasks", "8", "--demos", "16", "--no-wandb"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--demos 32 (saved) vs 16 (now)" in capsys.readouterr().err
+    summary = tmp_path / "qs" / "summary.json"
+    stored = json.loads(summary.read_text())
+    del stored["config"]["spaced_expressions"]  # as written before the option existed
+    summary.write_text(json.dumps(stored))
+    with pytest.raises(ValueError, match=r"--spaced-expressions True \(saved\) vs False \(now\)"):
+        run_quickstart(QuickstartConfig(**options), progress=False)
+    same = QuickstartConfig(**{**options, "spaced_expressions": True, "grpo_steps": 2})
+    resumed = run_quickstart(same, progress=False)
+    assert resumed["config"]["grpo_steps"] == 2  # the same run, continued (GRPO options may change)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"sft_weight_decay": float("nan")}, "sft_weight_decay must be a finite number"),
+        ({"sft_weight_decay": float("inf")}, "sft_weight_decay must be a finite number"),
+        ({"lr": float("inf")}, "lr must be a finite number"),
+        ({"num_heads": 5}, "num_heads=5"),
+        ({"hidden_size": 30, "num_heads": 4}, "num_heads=4"),
+        ({"group_size": 0}, "group_size must be >= 1"),
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"verbose_fraction": 1.5}, "verbose_fraction must be between 0 and 1"),
+        ({"warm_start_target": -0.1}, "warm_start_target must be >= 0"),
+        ({"sft_steps": -1}, "sft_steps must be >= 0"),
+    ],
+)
+def test_impossible_settings_are_refused_up_front(changes, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        QuickstartConfig(**changes)

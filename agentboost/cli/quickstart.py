@@ -7,9 +7,10 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from ..quickstart import QuickstartConfig, format_summary, run_quickstart
+from ..quickstart import QuickstartConfig, check_resumable, format_summary, run_quickstart
 
 
 def _kind(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
@@ -62,6 +63,12 @@ def run(args: argparse.Namespace) -> int:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(QuickstartConfig)}
     if args.no_wandb:
         values["wandb_project"] = None
-    summary = run_quickstart(QuickstartConfig(**values))
+    try:  # bad settings are the user's to fix: a one-line error, not a traceback
+        cfg = QuickstartConfig(**values)
+        check_resumable(cfg, Path(cfg.run_dir))
+    except ValueError as exc:
+        sys.stderr.write(f"agentboost quickstart: error: {exc}\n")
+        return 2
+    summary = run_quickstart(cfg)
     sys.stdout.write(format_summary(summary) + "\n")
     return 0
