@@ -63,13 +63,15 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
         "warm_start_check": summary.get("warm_start", {}).get("check"),
         "warm_start_steps": summary.get("warm_start", {}).get("steps"),
         "seconds": summary["timings"].get("total_s"),
+        "timings": summary["timings"],
     }
 
 
 def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one run at a time") -> str:
     done = [r for r in rows if "error" not in r]
     lines = [
-        "| seed | success after warm start | after GRPO | improvement | warm-start check (steps) | time |",
+        "| seed | success after warm start | after GRPO | improvement | warm-start check (steps) | time "
+        "(warm start + GRPO) |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -79,7 +81,7 @@ def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one r
         check = "-" if r["warm_start_check"] is None else f"{r['warm_start_check']:.2f} ({r['warm_start_steps']})"
         lines.append(
             f"| {r['seed']} | {r['before']:.3f} | {r['after']:.3f} | {r['improvement']:+.3f} | {check} | "
-            f"{r['seconds'] / 60:.1f} min |"
+            f"{r['seconds'] / 60:.1f} min{_split(r.get('timings') or {})} |"
         )
     if done:
         gains = [r["improvement"] for r in done]
@@ -99,6 +101,12 @@ def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one r
     (out / "seeds.json").write_text(json.dumps(rows, indent=2))
     (out / "seeds.md").write_text(text + "\n")
     return text
+
+
+def _split(timings: dict) -> str:
+    if "sft_s" not in timings or "grpo_s" not in timings:
+        return ""
+    return f" ({timings['sft_s'] / 60:.1f} + {timings['grpo_s'] / 60:.1f})"
 
 
 def _figure(rows: list[dict], path: Path) -> None:
