@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import os
@@ -43,57 +42,33 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..episode import Episode
+from ..rewards import tau2 as tau2_reward
 from ..types import RewardOutput
 from .strands_env import StrandsEnv
+from .tau2_domain import (
+    AGENT_STOP_TOKEN,
+    DOMAINS,
+    FIRST_AGENT_MESSAGE,
+    STOP_TOKENS,
+    ToolRecord,
+    environment_constructor,
+    new_domain_environment,
+    tau2_modules,
+)
+
+__all__ = [
+    "AGENT_STOP_TOKEN", "DOMAINS", "FIRST_AGENT_MESSAGE", "STOP_TOKENS", "Tau2Env", "ToolRecord", "UserConfig",
+    "UserSimulator", "environment_constructor", "new_domain_environment", "tau2_agent", "tau2_modules",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
-DOMAINS = ("airline", "retail")
-STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
-AGENT_STOP_TOKEN = "###STOP###"
-FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # what tau2's orchestrator has the agent say first
 MAX_TOOL_OUTPUT_CHARS = 20_000
 ENV_PREFIX = "AGENTBOOST_TAU2_USER_"
 """Environment variables configuring the user simulator where episodes run: ``<prefix>URL``, ``<prefix>MODEL``, ..."""
 
 ChatFn = Callable[[list[dict[str, str]]], str]
 """``chat(messages) -> text``: one user-simulator completion (injectable, e.g. in tests)."""
-
-
-def tau2_modules() -> tuple[Any, Any]:
-    """tau2's task and message data models (quietly: tau2's loguru DEBUG logs are disabled; should LiteLLM
-    be imported later, by tau2's full evaluator, it uses its bundled model-cost map instead of fetching it)."""
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    try:
-        from loguru import logger as loguru_logger
-
-        loguru_logger.disable("tau2")
-        from tau2.data_model import message, tasks
-    except ImportError as exc:
-        raise ImportError(f"the tau2 example needs tau2-bench: pip install 'agentboost[tau2]' ({exc})") from exc
-    return tasks, message
-
-
-def environment_constructor(domain: str) -> Callable[..., Any]:
-    """tau2's ``get_environment`` of ``domain`` (what tau2's registry returns, without importing it)."""
-    if domain not in DOMAINS:
-        raise ValueError(f"unsupported tau2 domain {domain!r} (supported: {', '.join(DOMAINS)})")
-    tau2_modules()
-    return importlib.import_module(f"tau2.domains.{domain}.environment").get_environment
-
-
-def new_domain_environment(domain: str, task: dict[str, Any]) -> Any:
-    """A fresh tau2 environment of ``domain`` with the task's initial state applied (as tau2's orchestrator)."""
-    env = environment_constructor(domain)()
-    tasks, _ = tau2_modules()
-    initial = tasks.Task.model_validate(task).initial_state
-    if initial is not None:
-        env.set_state(
-            initialization_data=initial.initialization_data,
-            initialization_actions=initial.initialization_actions,
-            message_history=list(initial.message_history or []),
-        )
-    return env
 
 
 def system_prompt_for(domain: str, *, solo: bool = False) -> str:
@@ -161,17 +136,6 @@ def simulator_guidelines() -> str:
     from importlib.resources import files
 
     return files("tau2").joinpath("data/tau2/user_simulator/simulation_guidelines.md").read_text(encoding="utf-8")
-
-
-@dataclass
-class ToolRecord:
-    """One tool call the agent made and what the domain answered."""
-
-    call_id: str
-    name: str
-    arguments: dict[str, Any]
-    content: str
-    error: bool
 
 
 @dataclass
@@ -410,9 +374,7 @@ class Tau2Env(StrandsEnv):
     async def compute_reward(self, episode: Episode) -> RewardOutput:
         if self.reward_fn is not None:
             return await super().compute_reward(episode)
-        from ..rewards.tau2 import evaluate_episode
-
-        return await asyncio.to_thread(evaluate_episode, self, episode)
+        return await asyncio.to_thread(tau2_reward.evaluate_episode, self, episode)
 
     def close(self) -> None:
         super().close()

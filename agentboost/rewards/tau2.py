@@ -39,11 +39,12 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..environments.tau2_domain import FIRST_AGENT_MESSAGE, ToolRecord, environment_constructor, new_domain_environment
 from ..episode import Episode
 from ..types import RewardOutput, Termination
 
 if TYPE_CHECKING:
-    from ..environments.tau2_env import Tau2Env, ToolRecord
+    from ..environments.tau2_env import Tau2Env
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ def communicated(info: str, turns: list[Turn]) -> bool:
 def port_reward(domain: str, task: dict[str, Any], turns: list[Turn], environment: Any, *,
                 ending: str = AGENT_STOP) -> dict[str, Any]:  # fmt: skip
     """The official rules applied directly (see module doc). ``environment``: the agent's live one."""
-    from ..environments.tau2_env import new_domain_environment
-
     if ending not in (AGENT_STOP, USER_STOP):
         return {"reward": 0.0, "premature": 1.0}
     criteria = task.get("evaluation_criteria")
@@ -182,8 +181,6 @@ def _tau2_evaluate(run: Any, task: Any, domain: str) -> tuple[Any, bool]:
     from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
     from tau2.evaluator.evaluator_env import EnvironmentEvaluator
 
-    from ..environments.tau2_env import environment_constructor
-
     if run.termination_reason not in (TerminationReason.AGENT_STOP, TerminationReason.USER_STOP):
         return RewardInfo(reward=0.0, reward_basis=None), False
     if task.evaluation_criteria is None:
@@ -255,8 +252,6 @@ def episode_ending(env: Tau2Env, episode: Episode) -> str:
 
 def evaluate_episode(env: Tau2Env, episode: Episode) -> RewardOutput:
     """The reward of a finished Tau2Env episode (official evaluator unless the row asks for the port)."""
-    from ..environments.tau2_env import FIRST_AGENT_MESSAGE
-
     turns = conversation(episode, env.records, greeting=FIRST_AGENT_MESSAGE if env.user is not None else None)
     ending = episode_ending(env, episode)
     if env.task.get("evaluator", "official") == "port":
