@@ -179,13 +179,20 @@ def compact(batch: Batch) -> Batch:
 
 def length_chunks(batch: Batch, idx: list[int], max_tokens: int) -> list[list[int]]:
     """Split the rows ``idx`` into chunks of similar length (shortest first) of at most ``max_tokens``
-    rows x longest row (a longer row is a chunk of its own): a short row then no longer pays for the
-    longest episode of the batch in attention, MLPs and backward."""
-    lengths = batch.attention_mask.sum(1).tolist()
+    rows x the width :func:`compact` leaves them (longest prompt + longest response of the chunk; a
+    row wider than that is a chunk of its own): a short row then no longer pays for the longest
+    episode of the batch in attention, MLPs and backward."""
+    width_p = batch.prompt_length
+    prompt = batch.attention_mask[:, :width_p].sum(1).tolist()
+    response = batch.attention_mask[:, width_p:].sum(1).tolist()
     chunks: list[list[int]] = []
-    for i in sorted(idx, key=lambda i: (lengths[i], i)):
-        if chunks and (len(chunks[-1]) + 1) * lengths[i] <= max_tokens:
+    widest = (0, 0)
+    for i in sorted(idx, key=lambda i: (prompt[i] + response[i], i)):
+        grown = (max(widest[0], prompt[i]), max(widest[1], response[i]))
+        if chunks and (len(chunks[-1]) + 1) * (grown[0] + grown[1]) <= max_tokens:
             chunks[-1].append(i)
+            widest = grown
         else:
             chunks.append([i])
+            widest = (prompt[i], response[i])
     return chunks

@@ -142,7 +142,7 @@ class QuickstartConfig:
             if value is not None and value < 0:
                 problems.append(f"{name} must be >= 0, got {value}")
         heads, kv_heads = self.num_heads, max(1, self.num_heads // 2)
-        if heads >= 1 and (self.hidden_size % (2 * heads) or heads % kv_heads):
+        if self.model is None and heads >= 1 and (self.hidden_size % (2 * heads) or heads % kv_heads):
             problems.append(
                 f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
                 f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
@@ -354,6 +354,14 @@ _DEFINES_THE_RUN = (
 """Options a checkpoint only makes sense with: the model, its tokenizer (built from the tasks) and the tasks."""
 _BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True}
 """What a run directory written before an option existed was run with."""
+_BUILT_IN_MODEL = ("hidden_size", "num_layers", "num_heads", "vocab_size")
+"""Options of the built-in model only: ignored with --model."""
+
+
+def _same_setting(name: str, saved: Any, now: Any) -> bool:
+    if name == "model" and saved is not None and now is not None:  # ./m and /abs/m: the same directory
+        return saved == now or Path(saved).resolve() == Path(now).resolve()
+    return saved == now
 
 
 def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
@@ -367,10 +375,14 @@ def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
         logger.warning("%s has a checkpoint but no recorded settings (summary.json): resuming it unchecked", run_dir)
         return
     now = asdict(cfg)
+    compared = [
+        name for name in _DEFINES_THE_RUN
+        if not (name in _BUILT_IN_MODEL and now["model"] is not None and saved.get("model") is not None)
+    ]  # fmt: skip
     different = [
         f"--{name.replace('_', '-')} {saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name))} (saved) vs {now[name]} (now)"
-        for name in _DEFINES_THE_RUN
-        if saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, now[name])) != now[name]
+        for name in compared
+        if not _same_setting(name, saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, now[name])), now[name])
     ]
     if different:
         raise ValueError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 
 import pytest
 
@@ -229,6 +230,24 @@ def test_resuming_a_run_made_with_other_model_or_task_settings_is_refused(tmp_pa
     same = QuickstartConfig(**{**options, "spaced_expressions": True, "grpo_steps": 2})
     resumed = run_quickstart(same, progress=False)
     assert resumed["config"]["grpo_steps"] == 2  # the same run, continued (GRPO options may change)
+
+
+def test_resuming_with_a_model_named_another_way_is_not_refused(tmp_path, monkeypatch) -> None:
+    """The same model directory given relatively and absolutely is the same run; the built-in model's
+    size options do not apply to --model and are not compared (nor validated)."""
+    from agentboost.quickstart import check_resumable
+
+    run_dir = tmp_path / "qs"
+    (run_dir / "checkpoint").mkdir(parents=True)
+    (run_dir / "checkpoint" / "trainer_state.json").write_text("{}")
+    (tmp_path / "m").mkdir()
+    monkeypatch.chdir(tmp_path)
+    saved = QuickstartConfig(model="./m", spaced_expressions=True)
+    (run_dir / "summary.json").write_text(json.dumps({"config": asdict(saved)}))
+    check_resumable(QuickstartConfig(model=str(tmp_path / "m"), spaced_expressions=True, num_layers=7), run_dir)
+    assert QuickstartConfig(model="./m", num_heads=5).num_heads == 5  # only the built-in model has heads
+    with pytest.raises(ValueError, match="--model"):
+        check_resumable(QuickstartConfig(model=str(tmp_path), spaced_expressions=True), run_dir)
 
 
 @pytest.mark.parametrize(

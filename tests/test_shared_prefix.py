@@ -145,3 +145,45 @@ def test_a_model_that_keeps_no_cache_in_training_runs_in_full(setup, kind) -> No
     torch.testing.assert_close(values, full_values, rtol=1e-5, atol=1e-5)
     for name, grad in full_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_prefix_forward_that_returns_an_empty_cache_runs_in_full(setup) -> None:
+    """A model whose layers drop the cache in training (checkpointed layers that discard
+    ``past_key_values``) returns an empty cache object: the tails would run with no prefix at all.
+    Detected, and the forward runs in full."""
+    from transformers import DynamicCache
+
+    model, tokenizer, episodes = setup
+    batch = episodes_to_batch(episodes, pad_token_id=tokenizer.pad_token_id)
+    policy, full_model = copy.deepcopy(model), copy.deepcopy(model)
+    logprobs_module._SHARES_PREFIX[full_model] = False
+    with torch.no_grad():
+        policy.eval()
+        response_logprobs(policy, batch, temperature=0.7)  # the check passes, in eval mode
+    assert logprobs_module._SHARES_PREFIX[policy] is True
+
+    def drop_cache(module, args, kwargs, output):
+        if policy.training and kwargs.get("use_cache") and kwargs.get("past_key_values") is None:
+            output.past_key_values = DynamicCache()
+        return output
+
+    policy.model.register_forward_hook(drop_cache, with_kwargs=True)
+    policy.train()
+    full_model.train()
+    values, grads = _loss_and_grads(policy, batch)
+    full_values, full_grads = _loss_and_grads(full_model, batch)
+    torch.testing.assert_close(values, full_values, rtol=1e-5, atol=1e-5)
+
+
+def test_running_out_of_memory_in_the_check_does_not_switch_sharing_off_for_good(setup, monkeypatch) -> None:
+    model, tokenizer, episodes = setup
+    batch = episodes_to_batch(episodes, pad_token_id=tokenizer.pad_token_id)
+    policy = copy.deepcopy(model)
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(logprobs_module, "_shared_prefix_forward", oom)
+    with torch.no_grad(), pytest.raises(torch.OutOfMemoryError):
+        response_logprobs(policy.eval(), batch, temperature=0.7)
+    assert policy not in logprobs_module._SHARES_PREFIX  # decided on the next batch, not now

@@ -93,7 +93,8 @@ def test_micro_batches_give_the_one_pass_gradient_on_fewer_padded_tokens(tiny, t
     chunked, grads_chunked, shapes_chunked = _update_capturing(
         _trainer(model, template, rows, tmp_path / "b", 1), _episodes(template, rows), monkeypatch
     )
-    assert len(shapes_whole) == 1 and len(shapes_chunked) == len(episodes)  # budget 1: a row per chunk
+    trained = sum(not e.masked for e in episodes)  # budget 1: a row per chunk; masked rows have no loss
+    assert len(shapes_whole) == 1 and len(shapes_chunked) == trained < len(episodes)
     assert sum(a * b for a, b in shapes_chunked) < 0.8 * shapes_whole[0][0] * shapes_whole[0][1]
     assert grads_whole.keys() == grads_chunked.keys() and grads_whole
     for name, grad in grads_whole.items():
@@ -114,6 +115,8 @@ def test_the_chunks_follow_length_and_the_token_budget(tiny) -> None:
     assert flat == sorted(flat)  # shortest first
     for chunk in chunks:
         assert len(chunk) * max(lengths[i] for i in chunk) <= budget
+        if len(chunk) > 1:  # what the forward is given: the chunk's rows, trimmed to their own padding
+            assert len(chunk) * compact(select_rows(batch, chunk)).input_ids.shape[1] <= budget
     assert length_chunks(batch, [0, 1], 1) == [[0], [1]] or length_chunks(batch, [0, 1], 1) == [[1], [0]]
 
 
@@ -132,3 +135,60 @@ def test_compact_keeps_every_log_prob(tiny) -> None:
         ours = response_logprobs(model, trimmed, temperature=0.8)
     torch.testing.assert_close(ours, full[:, :width], rtol=1e-5, atol=1e-5)
     assert not bool(full[:, width:].any())
+
+
+def test_a_chunk_is_priced_at_the_width_its_rows_are_padded_to() -> None:
+    """Left-padded prompts and right-padded responses: a row with a long prompt and a short response
+    next to one with a short prompt and a long response is padded to long + long, twice either length."""
+    from types import SimpleNamespace
+
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1, 1, 1]])
+    batch = SimpleNamespace(prompt_length=4, attention_mask=attention)  # rows of 5 tokens, padded to 8
+    assert length_chunks(batch, [0, 1], 10) == [[0], [1]]
+    assert length_chunks(batch, [0, 1], 16) == [[0, 1]]
+
+
+def test_low_precision_gradients_are_summed_in_fp32_across_micro_batches() -> None:
+    """Chunk gradients of GRPO largely cancel (advantages sum to 0 in a group): summed in bf16, 1000 +
+    0.5 is 1000 and the 0.5 is lost; the optimizer sums them in its fp32 masters."""
+    from agentboost.train.optim import MasterWeightAdamW
+
+    weight = torch.zeros(1, dtype=torch.bfloat16, requires_grad=True)
+    optimizer = MasterWeightAdamW([weight], lr=1e-3)
+    for scale in (1000.0, 0.5, -1000.0):
+        (weight * scale).sum().backward()
+        optimizer.accumulate()
+    assert optimizer.clip_grad_norm_(1e9) == pytest.approx(0.5)
+
+
+def test_the_trainer_sums_a_bf16_models_chunk_gradients_in_fp32(tiny, tmp_path) -> None:
+    model, template, rows = tiny
+    trainer = _trainer(copy.deepcopy(model).to(torch.bfloat16), template, rows, tmp_path, 1)
+    assert trainer.optimizer.has_masters
+    bf16_grad_before_backward: list[bool] = []
+    weight = next(p for p in trainer.model.parameters() if p.requires_grad)
+    weight.register_hook(lambda grad: bf16_grad_before_backward.append(weight.grad is not None))
+    trainer.update(_episodes(template, rows))
+    assert len(bf16_grad_before_backward) > 1 and not any(bf16_grad_before_backward)
+
+
+def test_a_minibatch_of_masked_rows_does_not_move_the_weights(tiny, tmp_path, monkeypatch) -> None:
+    """With several minibatches, one holding only masked rows has no loss: an Adam step on its zero
+    gradient would still move the weights (momentum, weight decay). No step, and no zeros averaged
+    into the metrics."""
+    model, template, rows = tiny
+    episodes = _episodes(template, rows)
+    trainer = _trainer(model, template, rows, tmp_path, None)
+    trainer.config.minibatches = len(episodes)  # a row per minibatch
+    steps: list[int] = []
+    real_step = trainer.optimizer.step
+    monkeypatch.setattr(trainer.optimizer, "step", lambda: steps.append(1) or real_step())
+    metrics = trainer.update(episodes)
+    assert len(steps) == sum(not e.masked for e in episodes) < len(episodes)
+    assert metrics["loss_tokens"] > 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("micro_batch_tokens", 0), ("minibatches", 0), ("ppo_epochs", 0)])
+def test_impossible_micro_batch_settings_are_refused(field, value) -> None:
+    with pytest.raises(ValueError, match=field):
+        TrainConfig(**{field: value})

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BackendContextOverflow, BackendError
+from ..utils.torch_errors import is_out_of_memory
 from .base import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResult
 
 logger = logging.getLogger(__name__)
@@ -291,6 +292,8 @@ class HFLocalBackend:
         try:
             shared_logits = self._prefill_sharing(requests, k)[0].logits[:, -1].float()
         except (AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError) as exc:
+            if is_out_of_memory(exc):  # a passing OOM says nothing about the model
+                raise
             logger.info("%s: prompts' common prefix cannot be prefilled once (%s: %s); prefilling in full",
                         self.describe(), type(exc).__name__, exc)  # fmt: skip
             return False

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..batch import Batch
+from ..utils.torch_errors import is_out_of_memory
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,8 @@ def _shared_prefix_forward(backbone: Any, input_ids: Any, attention_mask: Any, p
     cache = prefix.past_key_values
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         raise _NoCache
+    if hasattr(cache, "get_seq_length") and cache.get_seq_length() != k:  # layers dropped it (checkpointing)
+        raise _NoCache
     cache.batch_repeat_interleave(input_ids.shape[0])  # differentiable: the rows' gradients add up in the prefix
     return backbone(
         input_ids=input_ids[:, k:], attention_mask=attention_mask, position_ids=position_ids[:, k:],
@@ -218,6 +221,8 @@ def _prefix_sharing_matches(
                     backbone, input_ids[rows], attention_mask[rows], position_ids[rows], k
                 ).float()
             except (_NoCache, AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError) as exc:
+                if is_out_of_memory(exc):  # says nothing about the model: not a reason to stop sharing for good
+                    raise
                 shared, why = None, f"{type(exc).__name__}: {exc}"
     finally:
         model.train(was_training)

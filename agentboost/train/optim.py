@@ -3,8 +3,9 @@
 An AdamW step is ~lr per weight; a bf16 weight of magnitude 0.02 moves only in steps of ~1.2e-4, so
 at lr 1e-5 nearly every update rounds away and full fine-tuning silently does not train. The
 optimizer works on fp32 copies and writes them back rounded after every step (LoRA adapters, fp32
-already, are their own masters). Gradients are copied to the masters before clipping, so the norm
-and the finiteness check are computed in fp32.
+already, are their own masters). Gradients are moved to the masters before clipping, so the norm
+and the finiteness check are computed in fp32; with micro-batches, ``accumulate()`` after each
+backward sums them in fp32 (summed in bf16, GRPO's largely cancelling chunk gradients lose digits).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ _LOW_PRECISION = ("bfloat16", "float16")
 
 
 class MasterWeightAdamW:
-    """``torch.optim.AdamW`` over fp32 masters of ``params``. Use: ``backward()``, then
-    ``clip_grad_norm_(max_norm)`` (returns the fp32 norm), then ``step()`` or, for a non-finite norm,
-    ``zero_grad()`` to skip the step."""
+    """``torch.optim.AdamW`` over fp32 masters of ``params``. Use: ``backward()`` (with micro-batches:
+    ``backward()`` then ``accumulate()`` per micro-batch), then ``clip_grad_norm_(max_norm)`` (returns
+    the fp32 norm), then ``step()`` or, for a non-finite norm, ``zero_grad()`` to skip the step."""
 
     def __init__(self, params: Iterable[Any], *, lr: float, weight_decay: float = 0.0, **kwargs: Any) -> None:
         import torch
@@ -35,7 +36,6 @@ class MasterWeightAdamW:
             else:
                 self.masters.append(p)
         self.optimizer = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, **kwargs)
-        self._grads_copied = False
 
     @property
     def has_masters(self) -> bool:
@@ -49,21 +49,21 @@ class MasterWeightAdamW:
         for p in self.params:
             p.grad = None
         self.optimizer.zero_grad(set_to_none=set_to_none)
-        self._grads_copied = False
 
-    def _copy_grads(self) -> None:
-        if self._grads_copied:
-            return
+    def accumulate(self) -> None:
+        """Add the low-precision gradients of the backward passes since the last call to the fp32
+        masters' and clear them (fp32 parameters accumulate in place as usual)."""
         for p, m in zip(self.params, self.masters, strict=True):
-            if m is not p:
-                m.grad = None if p.grad is None else p.grad.detach().float()
-        self._grads_copied = True
+            if m is not p and p.grad is not None:
+                grad = p.grad.detach().float()
+                m.grad = grad if m.grad is None else m.grad.add_(grad)
+                p.grad = None
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip the (fp32) gradients to ``max_norm``; returns their norm before clipping (may be inf/nan)."""
         import torch
 
-        self._copy_grads()
+        self.accumulate()
         grads = [m for m in self.masters if m.grad is not None]
         if not grads:
             return 0.0
@@ -72,13 +72,12 @@ class MasterWeightAdamW:
     def step(self) -> None:
         import torch
 
-        self._copy_grads()
+        self.accumulate()
         self.optimizer.step()
         with torch.no_grad():
             for p, m in zip(self.params, self.masters, strict=True):
                 if m is not p:
                     p.copy_(m)
-        self._grads_copied = False
 
     def state_dict(self) -> dict[str, Any]:
         return {

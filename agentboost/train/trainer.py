@@ -88,6 +88,11 @@ class TrainConfig:
             )
         if self.clip_ratio_c <= 1.0:
             raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens must be >= 1 or None (one pass), got {self.micro_batch_tokens}")
+        for name in ("ppo_epochs", "minibatches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -239,9 +244,13 @@ class GRPOTrainer:
             for start in range(0, len(rows), size):
                 idx = rows[start : start + size]
                 tokens = float(mask[idx].sum())
+                if not tokens:  # every row masked: no loss, and an Adam step would still move the weights
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 parts: Counter[str] = Counter()
                 for chunk in self._chunks(batch, idx):
+                    if not bool(mask[chunk].any()):  # masked rows only: its share of the loss is 0
+                        continue
                     sub = compact(select_rows(batch, chunk))
                     width = sub.responses.shape[1]
                     new = response_logprobs(self.model, sub, temperature=temperature)
@@ -255,6 +264,7 @@ class GRPOTrainer:
                     share = chunk_parts["loss_tokens"] / tokens if tokens else 0.0
                     with self.backend.lock:
                         (loss * share).backward()
+                        self.optimizer.accumulate()  # summed in fp32 across chunks (bf16 parameters)
                     parts.update({k: v * share for k, v in chunk_parts.items() if k != "loss_tokens"})
                 parts["loss_tokens"] = tokens
                 with self.backend.lock:
