@@ -173,6 +173,8 @@ def test_a_prefix_forward_that_returns_an_empty_cache_runs_in_full(setup) -> Non
     values, grads = _loss_and_grads(policy, batch)
     full_values, full_grads = _loss_and_grads(full_model, batch)
     torch.testing.assert_close(values, full_values, rtol=1e-5, atol=1e-5)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_running_out_of_memory_in_the_check_does_not_switch_sharing_off_for_good(setup, monkeypatch) -> None:

@@ -174,8 +174,7 @@ def test_the_trainer_sums_a_bf16_models_chunk_gradients_in_fp32(tiny, tmp_path) 
 
 def test_a_minibatch_of_masked_rows_does_not_move_the_weights(tiny, tmp_path, monkeypatch) -> None:
     """With several minibatches, one holding only masked rows has no loss: an Adam step on its zero
-    gradient would still move the weights (momentum, weight decay). No step, and no zeros averaged
-    into the metrics."""
+    gradient would still move the weights (momentum, weight decay): no step is taken for it."""
     model, template, rows = tiny
     episodes = _episodes(template, rows)
     trainer = _trainer(model, template, rows, tmp_path, None)

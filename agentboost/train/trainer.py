@@ -261,7 +261,7 @@ class GRPOTrainer:
                     )  # fmt: skip
                     # A chunk's token-mean, weighted by its share of the minibatch's loss tokens: the
                     # accumulated gradient is the minibatch token-mean's.
-                    share = chunk_parts["loss_tokens"] / tokens if tokens else 0.0
+                    share = chunk_parts["loss_tokens"] / tokens
                     with self.backend.lock:
                         (loss * share).backward()
                         self.optimizer.accumulate()  # summed in fp32 across chunks (bf16 parameters)
