@@ -145,6 +145,7 @@ def test_a_model_that_keeps_no_cache_in_training_runs_in_full(setup, kind) -> No
     torch.testing.assert_close(values, full_values, rtol=1e-5, atol=1e-5)
     for name, grad in full_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert logprobs_module._SHARES_PREFIX[policy] is False  # no prefix forward thrown away on every batch
 
 
 def test_a_prefix_forward_that_returns_an_empty_cache_runs_in_full(setup) -> None:
@@ -175,6 +176,7 @@ def test_a_prefix_forward_that_returns_an_empty_cache_runs_in_full(setup) -> Non
     torch.testing.assert_close(values, full_values, rtol=1e-5, atol=1e-5)
     for name, grad in full_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert logprobs_module._SHARES_PREFIX[policy] is False  # no prefix forward thrown away on every batch
 
 
 def test_running_out_of_memory_in_the_check_does_not_switch_sharing_off_for_good(setup, monkeypatch) -> None:

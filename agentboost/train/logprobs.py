@@ -166,8 +166,10 @@ def _last_hidden_states(
     if k >= _MIN_SHARED_PREFIX and _prefix_sharing_matches(model, backbone, *inputs, k=k):
         try:
             return _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k), k
-        except _NoCache:
-            pass  # this mode keeps no cache (training with gradient checkpointing; Gemma 2 in training)
+        except _NoCache:  # this mode keeps no cache (gradient checkpointing; Gemma 2 in training): stop trying
+            _SHARES_PREFIX[model] = False
+            logger.info("%s keeps no cache to share in this mode; running every row in full from now on",
+                        type(_unwrap(model)).__name__)  # fmt: skip
     full = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     return full.last_hidden_state, 0
 

@@ -78,6 +78,7 @@ class MasterWeightAdamW:
             for p, m in zip(self.params, self.masters, strict=True):
                 if m is not p:
                     p.copy_(m)
+                    m.grad = None  # 4 bytes a weight, not kept through the next rollout
 
     def state_dict(self) -> dict[str, Any]:
         return {
