@@ -47,13 +47,15 @@ ROLLOUT_NAME = "agentboost_hf"
 CHECKPOINT_ENGINE = "agentboost_ray"
 """``actor_rollout_ref.rollout.checkpoint_engine.backend`` of the CPU weight transfer (separate_async)."""
 SERVER_PREFIX = "agentboost_hf_server_"
+_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 _REGISTERED: dict[str, bool] = {}
 
 
 def cpu_overrides(*, num_cpus: int = 32, num_gpus: int = 1, storage_units: int = 1) -> list[str]:
     """The Hydra overrides that put a verl 0.9.1 run on this layer (besides the route's own).
 
-    Ray gets ``num_gpus`` logical GPUs (verl's resource pools ask for them) and ``num_cpus`` logical CPUs:
+    The actor computes in fp32 (verl autocasts to bf16 by default), as the CPU server does. Ray gets
+    ``num_gpus`` logical GPUs (verl's resource pools ask for them) and ``num_cpus`` logical CPUs:
     TransferQueue starts a controller and ``storage_units`` storage actors at one CPU each, and with
     Ray's real CPU count (2 here) ``tq.init`` waits forever for CPUs that never free up.
     """
@@ -67,6 +69,10 @@ def cpu_overrides(*, num_cpus: int = 32, num_gpus: int = 1, storage_units: int =
         "actor_rollout_ref.model.use_remove_padding=false",
         "actor_rollout_ref.actor.use_torch_compile=false",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        # fp32 actor and reference (bf16 autocast by default): the trainer's log-probs then match the server's
+        # to ~1e-6, so the rollout-vs-actor gap shows whether the updated weights reached the server
+        f"++actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
+        f"++actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
         f"++ray_kwargs.ray_init.num_cpus={num_cpus}",
         f"++ray_kwargs.ray_init.num_gpus={num_gpus}",
         f"transfer_queue.backend.SimpleStorage.num_data_storage_units={storage_units}",
