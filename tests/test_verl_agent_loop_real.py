@@ -432,3 +432,44 @@ def test_the_differences_from_tool_agent_loop_are_the_listed_ones(model_dir) -> 
     assert set(ref.extra_fields) - set(ours.extra_fields) == {"global_steps"}
     for key in ("min_global_steps", "max_global_steps"):
         assert ours.extra_fields[key] == ref.extra_fields[key]
+
+
+def test_strands_replay_buffer_is_verls_own_and_reports_strands_metrics_once_per_step(monkeypatch) -> None:
+    """verl builds the custom sampler with its base arguments only (trainer_base.py:160-167); the Strands buffer
+    is verl's ReplayBuffer (sync) or ReplayBufferAsync (async modes) plus strands/* metrics of the rows it hands
+    out, pooled over the mini-batches of one step (parameter_sync_step) and reported once."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+    from verl.utils.import_utils import load_extern_type
+
+    from agentboost.integration import verl_sampler
+
+    cls = load_extern_type("pkg://agentboost.integration.verl_sampler", "StrandsReplayBuffer")
+    base = {"max_off_policy_threshold": 8, "max_off_policy_strategy": "drop", "sampler_kwargs": {}, "refill_fn": None}
+    sync = cls(trainer_mode="sync", trainer_config=OmegaConf.create({}), **base)
+    assert type(sync.inner) is ReplayBuffer and sync.sync_steps == 1
+    separate = cls(trainer_mode="separate_async", trainer_config=OmegaConf.create({"parameter_sync_step": 2}), **base)
+    assert type(separate.inner) is ReplayBufferAsync and separate.sync_steps == 2
+
+    def info(termination: str, masked: float, tools: float) -> dict:
+        row = {f"strands_termination_{t}": float(t == termination) for t in ("completed", "max_turns", "infra_error")}
+        return {**row, "strands_masked": masked, "strands_tool_calls": tools, "strands_tool_errors": 1.0,
+                "strands_latency_s": 2.0 + tools, "strands_model_s": 1.0}  # fmt: skip
+
+    batches = [[info("completed", 0.0, 2.0), info("max_turns", 0.0, 4.0)], [info("infra_error", 1.0, 0.0)] * 2]
+    monkeypatch.setattr(verl_sampler, "batch_infos", lambda batch: batch)
+    handed = iter([*batches, []])
+
+    def sample(global_steps: int, partition_id: str, batch_size: int) -> tuple:
+        return next(handed), {"training/off_policy/evicted_samples": 0}
+
+    monkeypatch.setattr(separate.inner, "sample", sample)
+    _, first = separate.sample(global_steps=5, partition_id="train", batch_size=2)
+    _, second = separate.sample(global_steps=5, partition_id="train", batch_size=2)
+    assert not any(k.startswith("strands/") for k in first)  # reported once, with the step's last mini-batch
+    assert second["strands/episodes"] == 4 and second["strands/masked_fraction"] == 0.5
+    assert second["strands/termination/infra_error"] == 0.5 and second["strands/termination/completed"] == 0.25
+    assert second["strands/tool_calls_per_episode"] == 1.5 and second["strands/tool_error_rate"] == pytest.approx(4 / 6)
+    assert second["strands/latency_s/max"] == 6.0 and second["training/off_policy/evicted_samples"] == 0
+    _, val = separate.sample(global_steps=5, partition_id="val", batch_size=2)
+    assert not any(k.startswith("strands/") for k in val)  # validation: verl's val-aux/* already has them

@@ -13,7 +13,8 @@ steps), with ``VERL_USE_EXTERNAL_MODULES=agentboost.integration.verl_cpu`` in ev
 
 A :class:`CpuRun` holds every metric dict verl's ``file`` logger wrote (one per ``logger.log`` call: the
 training steps, with the validation metrics of steps that validated), the log, and the paths.
-``agentboost verl-smoke`` runs it from the command line. Needs verl 0.9.1 (its own environment).
+``python -m agentboost.integration.verl_cpu_run [--mode sync|colocate_async|separate_async]`` runs it from the
+command line (README "verl-native route"). Needs verl 0.9.1 (its own environment).
 """
 
 from __future__ import annotations
@@ -268,10 +269,10 @@ def run_main_ppo(spec: CpuRunSpec) -> CpuRun:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``agentboost verl-smoke``: a short CPU run of verl's trainer through ``train_math_verl.sh``."""
+    """A short CPU run of verl's own trainer through ``examples/math/train_math_verl.sh`` (2 GRPO steps)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="agentboost verl-smoke", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m agentboost.integration.verl_cpu_run", description=main.__doc__)
     parser.add_argument("--workdir", default="runs/verl-smoke")
     parser.add_argument("--mode", choices=sorted(MODES), default="sync")
     parser.add_argument("--steps", type=int, default=2)
@@ -292,3 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     sys.stdout.write(json.dumps(summary, indent=1, default=str) + "\n")
     return 0 if run.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
