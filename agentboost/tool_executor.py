@@ -55,9 +55,10 @@ class ToolClock:
     """The timeout of one tool call (monotonic seconds), started when the tool starts.
 
     Await each step of the tool inside :meth:`step`: it raises ``TimeoutError`` once the call's time is
-    up (the step is cancelled). While a synchronous job of the call waits in a :class:`SyncToolPool`
-    queue the clock is held; it restarts with the full timeout minus nothing when a thread picks the job
-    up (the queue wait is not the tool's time)."""
+    up (the step is cancelled). When a synchronous job of the call has to wait for a :class:`SyncToolPool`
+    thread (every thread busy), the clock is held, and restarts with the full timeout when a thread picks
+    the job up: the queue wait is not the tool's time. A job that a thread takes at once keeps the clock
+    running (no cross-thread wake-up per call)."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = float(timeout_s)
@@ -114,7 +115,6 @@ class ToolClock:
     # -- the pool's side -----------------------------------------------------------------------------
     def job_queued(self, job: _Job) -> None:
         """A synchronous job of this call waits for a thread (called on the loop's thread)."""
-        self.job = job
         self.deadline = None
         self._queued_at = time.monotonic()
         self._disarm()
@@ -198,13 +198,21 @@ class SyncToolPool:
                 future.set_exception(ToolFatalError(f"{message}; not starting more", caused_by_policy=False))
                 return future
             self._jobs.put(job)
-            if not self._idle.acquire(blocking=False) and self._live < self.max_threads:
-                self._live += 1
-                self.threads_started += 1
-                name = f"agentboost-tool-{self.threads_started}"
-                threading.Thread(target=self._work, name=name, daemon=True).start()
+            waits = False
+            if not self._idle.acquire(blocking=False):
+                if self._live < self.max_threads:
+                    self._live += 1
+                    self.threads_started += 1
+                    name = f"agentboost-tool-{self.threads_started}"
+                    threading.Thread(target=self._work, name=name, daemon=True).start()
+                else:
+                    waits = True  # every thread is busy: the job queues
+            if not waits:
+                job.clock = None  # a thread takes it now: the call's clock just keeps running (no wake-up)
         if clock is not None:
-            clock.job_queued(job)
+            clock.job = job  # for abandon()
+            if waits:
+                clock.job_queued(job)
         return future
 
     def abandon(self, job: _Job) -> None:

@@ -473,3 +473,22 @@ def test_strands_replay_buffer_is_verls_own_and_reports_strands_metrics_once_per
     assert second["strands/latency_s/max"] == 6.0 and second["training/off_policy/evicted_samples"] == 0
     _, val = separate.sample(global_steps=5, partition_id="val", batch_size=2)
     assert not any(k.startswith("strands/") for k in val)  # validation: verl's val-aux/* already has them
+
+
+def test_plugin_keeps_verls_separate_async_trainer_from_crashing_on_its_own_log_call(monkeypatch) -> None:
+    """verl 0.9.1's PPOTrainerSeparateAsync._setup logs with ``flush=True`` when hybrid_engine=false (ASYNC=separate):
+    at INFO, logging raises TypeError and the trainer dies before its first step."""
+    import logging
+    import sys
+
+    import verl.trainer.ppo.v1.trainer_separate_async as separate
+
+    from agentboost.integration.verl_plugin import quiet_separate_async_logger
+
+    monkeypatch.setattr(separate.logger, "level", logging.INFO)  # the module's default (VERL_LOGGING_LEVEL unset)
+    with pytest.raises(TypeError, match="flush"):
+        separate.logger.info("standalone replicas only", flush=True)
+    assert sys.modules["verl.trainer.ppo.v1.trainer_separate_async"] is separate
+    assert quiet_separate_async_logger() is True
+    separate.logger.info("standalone replicas only", flush=True)  # skipped below WARNING: no crash
+    assert quiet_separate_async_logger() is False  # idempotent

@@ -572,10 +572,17 @@ class WeightRelay:
 RELAY_NAME = "agentboost_weight_relay"
 
 
+_RELAY: list[Any] = []
+
+
 def _relay() -> Any:
+    """The run's relay actor. Each process keeps its handle for good: a named actor dies with its creator's
+    last handle, and the creator is whichever worker asked first."""
     import ray
 
-    return ray.remote(WeightRelay).options(name=RELAY_NAME, get_if_exists=True, num_cpus=0).remote()
+    if not _RELAY:
+        _RELAY.append(ray.remote(WeightRelay).options(name=RELAY_NAME, get_if_exists=True, num_cpus=0).remote())
+    return _RELAY[0]
 
 
 def _checkpoint_engine_class() -> type:
@@ -587,7 +594,6 @@ def _checkpoint_engine_class() -> type:
 
         def __init__(self, bucket_size: int = 0, is_master: bool = False, **kwargs: Any) -> None:
             self.is_master = is_master
-            self.relay: Any = None
 
         def prepare(self) -> dict[str, Any]:
             return {}
@@ -597,7 +603,7 @@ def _checkpoint_engine_class() -> type:
             return {}, {}
 
         def init_process_group(self, **kwargs: Any) -> None:
-            self.relay = _relay()
+            _relay()
 
         def finalize(self) -> None:
             return None
@@ -607,11 +613,11 @@ def _checkpoint_engine_class() -> type:
 
             state = {name: _cpu_copy(tensor) for name, tensor in weights}
             if self.is_master:
-                await (self.relay or _relay()).put.remote(global_steps, [ray.put(state)])
+                await _relay().put.remote(global_steps, [ray.put(state)])
             return {}
 
         async def receive_weights(self, global_steps: int | None = None, **kwargs: Any) -> AsyncIterator[Any]:
-            refs = await (self.relay or _relay()).get.remote(global_steps)
+            refs = await _relay().get.remote(global_steps)
             state = await refs[0]
             for item in state.items():
                 yield item
