@@ -1,8 +1,12 @@
 """The ``strands_agent`` loop inside the real verl 0.9.1 (skipped without it: CI has no verl).
 
-Run in verl 0.9's own environment (``pip install -c constraints/verl09.txt -e ".[verl09,test]"``)::
+Run in verl 0.9's own environment (README "verl-native route", "On CPU"; CI's second venv)::
 
     python -m pytest tests/test_verl_agent_loop_real.py -q
+
+The V1 path the launch scripts use (``AgentLoopWorkerTQ``, TransferQueue, ``_validate``,
+``_compute_advantage``, ``_compute_metrics``, the replay buffer) runs for real, end to end, in
+``tests/test_verl_cpu_e2e.py``; this file checks the pieces one by one:
 
 * verl's ``AgentLoopWorker`` loads the loop through the shipped YAML (``agent_loop_config_path``, Hydra
   ``instantiate``) and verl's own post-processing turns the outputs into exactly the tensors
@@ -12,7 +16,8 @@ Run in verl 0.9's own environment (``pip install -c constraints/verl09.txt -e ".
 * the V1 trainer's per-row dict (``AgentLoopOutput.as_dict``) and verl's advantage code
   (``compute_advantage``, V1's ``compute_advantage_for_multi_trajectories``) with ``agentboost_grpo``;
 * equivalence with verl's own ``ToolAgentLoop`` for conversations both can express, token by token,
-  with every difference listed in :func:`test_the_differences_from_tool_agent_loop_are_the_listed_ones`.
+  with every difference listed in :func:`test_the_differences_from_tool_agent_loop_are_the_listed_ones`;
+* agentboost's replay buffer (Strands metrics at training steps) and the plugin's separate_async fix.
 
 The rollout servers are the fakes of ``tests/fake_verl09.py`` (no GPU, no vLLM).
 """

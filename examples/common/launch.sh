@@ -42,8 +42,8 @@
 #          separate = separate_async (a pool of ROLLOUT_NODES (1) x ROLLOUT_GPUS GPUs serves rollouts only,
 #          besides the trainer's NNODES x GPUS, e.g. GPUS=4 ROLLOUT_GPUS=4 on one 8-GPU node; weights go
 #          over NCCL after every TRAIN_BATCH_SIZE / MINI_BATCH_SIZE updates).
-#   In both async modes an episode also waits through weight updates: raise EPISODE_TIMEOUT_S by a step's
-#   training time, or the waits end as infra_error (masked).
+#   An episode's waits on verl's servers (their queue, generation, the weight updates of both async modes) do
+#   not count against EPISODE_TIMEOUT_S; +strands.request_timeout_s (1800) bounds each server call.
 
 AB_COMMON_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 AB_REPO=$(cd "$AB_COMMON_DIR/../.." && pwd)
