@@ -41,8 +41,8 @@ def summarize(episodes: Iterable[Episode]) -> dict[str, Any]:
         "parse_errors": sum(e.parse_errors for e in episodes),
         "unknown_tool_calls": sum(e.unknown_tool_calls for e in episodes),
         "tools": dict(sorted(tools.items())),
-        "prompt_tokens_mean": _mean(len(e.prompt_ids) for e in episodes),
-        "response_tokens_mean": _mean(len(e.response_ids) for e in episodes),
+        "prompt_tokens_mean": _mean(e.num_prompt_tokens for e in episodes),
+        "response_tokens_mean": _mean(e.num_response_tokens for e in episodes),
         "model_tokens_mean": _mean(e.num_model_tokens for e in episodes),
         "wall_s_mean": _mean(e.timings.get("wall_s", 0.0) for e in episodes),
     }
