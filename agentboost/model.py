@@ -139,7 +139,8 @@ class _EpisodeState:
     turn_limit_calls: set[str] = field(default_factory=set)
     windows: dict[int, tuple[float, float | None]] = field(default_factory=dict)
     last_window: tuple[float, float | None] | None = None
-    started_at: datetime = field(default_factory=datetime.now)
+    started_at: datetime = field(default_factory=lambda: datetime.now())
+    """The episode's moment for templates that print the date: every render of the episode uses it."""
     pending_stop: EpisodeStop | None = None
     synthetic_messages: int = 0
     model_time_s: float = 0.0
@@ -181,6 +182,7 @@ class TokenModel(Model):
             group_id=group_id,
             train_aux_calls=train_aux_calls,
             deadline=time.monotonic() + budget.wall_clock_s,
+            started_at=datetime.now(),
         )
         self.sampling = sampling or SamplingParams()
         self.model_id = model_id
@@ -225,9 +227,34 @@ class TokenModel(Model):
     def synthetic_messages(self) -> int:
         return self._st.synthetic_messages
 
+    @synthetic_messages.setter
+    def synthetic_messages(self, value: int) -> None:
+        self._st.synthetic_messages = value
+
     @property
     def model_time_s(self) -> float:
         return self._st.model_time_s
+
+    @model_time_s.setter
+    def model_time_s(self, value: float) -> None:
+        self._st.model_time_s = value
+
+    @property
+    def _deadline(self) -> float:
+        return self._st.deadline
+
+    @_deadline.setter
+    def _deadline(self, value: float) -> None:
+        self._st.deadline = value
+
+    @property
+    def _request_window(self) -> tuple[float, float | None] | None:
+        """The latest request's (sent, answered) window (subclasses that call their own provider set it)."""
+        return self._st.last_window
+
+    @_request_window.setter
+    def _request_window(self, value: tuple[float, float | None] | None) -> None:
+        self._st.last_window = value
 
     @property
     def _pending_stop(self) -> EpisodeStop | None:
