@@ -139,8 +139,9 @@ class _EpisodeState:
     turn_limit_calls: set[str] = field(default_factory=set)
     windows: dict[int, tuple[float, float | None]] = field(default_factory=dict)
     last_window: tuple[float, float | None] | None = None
-    started_at: datetime = field(default_factory=lambda: datetime.now())
-    """The episode's moment for templates that print the date: every render of the episode uses it."""
+    started_at: datetime | None = None
+    """The episode's moment for templates that print the date: every render of the episode uses it (set
+    when the model is built, through this module's ``datetime``)."""
     pending_stop: EpisodeStop | None = None
     synthetic_messages: int = 0
     model_time_s: float = 0.0
