@@ -41,14 +41,15 @@ SINGLE_TRAJECTORY_ONLY = (
 _warned_multi = False
 
 
-def single_trajectory(episode: Episode) -> Episode:
+def single_trajectory(episode: Episode, reason: str = SINGLE_TRAJECTORY_ONLY) -> Episode:
     """``episode`` itself when it is one trajectory; otherwise a masked ``infra_error`` record of it without
-    tokens (one padding row), naming why and keeping its messages, reward and trajectory descriptions."""
+    tokens (one padding row), naming why (``reason``, with ``{n}`` the trajectory count) and keeping its
+    messages, reward and trajectory descriptions."""
     global _warned_multi
     n = episode.num_trajectories
     if n <= 1:
         return episode
-    detail = SINGLE_TRAJECTORY_ONLY.format(n=n)
+    detail = reason.format(n=n)
     if not _warned_multi:
         _warned_multi = True
         logger.warning("episode %s: %s", episode.id, detail)
