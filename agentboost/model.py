@@ -321,12 +321,23 @@ class TokenModel(Model):
             windows.append(self._st.last_window)
         return any(sent <= moment and (answered is None or answered > moment) for sent, answered in windows)
 
-    def close_trajectories(self, *, always: bool = False) -> None:
-        """Write each trajectory's messages into its record: for episodes of several trajectories, or
-        ``always`` (a multi-agent episode, whose ``Episode.messages`` are its last node's). Called by the
-        runner when the episode ends."""
+    def close_trajectories(self, final_messages: list[dict[str, Any]] | None = None, *, always: bool = False) -> None:
+        """Write each trajectory's messages into its record: for episodes of several trajectories, for
+        ``always`` (a multi-agent episode, whose ``Episode.messages`` are its last node's), and for an
+        episode of one trajectory whose ``final_messages`` no longer hold what its calls were given (a
+        conversation manager trimmed the history after the last call). Called by the runner when the
+        episode ends."""
         st = self._st
         infos = st.episode.trajectory_info
+        if len(infos) == 1 and not always and final_messages is not None:
+            (conversation,) = [c for c in st.conversations.values() if c.trajectory == 0] or [None]
+            if conversation is not None:
+                n = len(conversation.seen)
+                always = not (
+                    len(final_messages) > n
+                    and final_messages[:n] == conversation.seen
+                    and _is_response(final_messages[n], conversation.response)
+                )
         if len(infos) <= 1 and not always:
             return
         for conversation in st.conversations.values():
@@ -520,6 +531,10 @@ class TokenModel(Model):
         if opening:
             trajectory = len(episode.trajectory_info)
             context_hash = hashlib.blake2b(digest_size=16)
+            info = pending.opens
+            assert info is not None
+            if info.opened_by == "start" and trajectory:  # agents that started at once: one is first
+                info.opened_by = "new_agent"
             if pending.previous is not None and pending.previous.trajectory < len(episode.trajectory_info):
                 closed = episode.trajectory_info[pending.previous.trajectory]
                 closed.messages = [*pending.previous.seen, pending.previous.response_message]

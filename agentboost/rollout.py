@@ -227,7 +227,7 @@ async def run_episode(
         episode.messages = [dict(m) for m in final_messages(strands_agent)]
     close = getattr(model, "close_trajectories", None)
     if callable(close):
-        close(always=is_multiagent(strands_agent))
+        close(episode.messages, always=is_multiagent(strands_agent))
     try:
         episode.check_invariants()
         _check_messages(episode)
