@@ -577,3 +577,26 @@ def test_agentboost_grpo_counts_each_session_once_in_v1() -> None:
     assert (out.batch["advantages"][:, 3] == 0).all()  # only loss tokens carry it
     module.compute_advantage_for_multi_trajectories(data, keys, "grpo")
     assert calls == ["grpo"]  # other estimators go to verl's own function
+
+
+def test_training_step_metrics_from_the_rows_count_episodes_not_trajectories(loop_cls, qwen25_template) -> None:
+    """agentboost's replay buffer turns the rows' reward_extra_info into strands/* (verl_sampler.row_metrics):
+    the loop's rows give the rLLM route's per-episode numbers, an episode of several trajectories counting once."""
+    from agentboost.integration.verl_sampler import row_metrics
+
+    config, _, client = stack(qwen25_template)
+    rows = [row("2 + 3", "a"), row("7 * 6", "a"), {"raw_prompt": [], "extra_info": {}, "uid": "b"}]
+    outputs = run(loop_cls, qwen25_template, rows, config=config, client=client)
+    metrics = row_metrics([o.extra_fields["reward_extra_info"] for o in outputs])
+    assert metrics["strands/episodes"] == 3 and metrics["strands/masked_fraction"] == pytest.approx(1 / 3)
+    assert metrics["strands/termination/completed"] == pytest.approx(2 / 3)
+    assert metrics["strands/termination/infra_error"] == pytest.approx(1 / 3)
+    assert metrics["strands/tool_calls_per_episode"] == pytest.approx(2 / 3)
+    assert metrics["strands/model_calls_per_episode"] == pytest.approx(4 / 3)
+    infos = [o.extra_fields["reward_extra_info"] for o in outputs]
+    two = {**infos[0], "strands_trajectories": 2.0, "strands_tool_calls": 4.0}  # one episode, two rows
+    weighted = row_metrics([two, two, infos[2]])
+    assert weighted["strands/episodes"] == 2 and weighted["strands/rows"] == 3
+    assert weighted["strands/tool_calls_per_episode"] == 2.0 and weighted["strands/masked_fraction"] == 0.5
+    assert weighted["strands/trajectories_per_episode"] == 1.5
+    assert row_metrics([{"other": 1.0}]) == {}

@@ -46,40 +46,54 @@ _FORWARDED = ("filter_groups_metric", "train_batch_size", "gen_batch_size", "max
               "sync_refill_failed_groups", "poll_interval")  # fmt: skip
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+def _quantile(values: list[float], weights: list[float], q: float) -> float:
+    """Weighted ``q``-quantile (lower value at the crossing; the plain one for equal weights)."""
+    ordered = sorted(zip(values, weights, strict=True))
+    total = sum(weights)
+    if all(w == ordered[0][1] for _, w in ordered):
+        pos = q * (len(ordered) - 1)
+        lo, hi = math.floor(pos), math.ceil(pos)
+        return ordered[lo][0] + (ordered[hi][0] - ordered[lo][0]) * (pos - lo)
+    seen = 0.0
+    for value, weight in ordered:
+        seen += weight
+        if seen >= q * total:
+            return value
+    return ordered[-1][0]
 
 
 def row_metrics(infos: list[dict[str, Any]], prefix: str = PREFIX) -> dict[str, float]:
-    """``strands/*`` metrics of a batch from its rows' ``reward_extra_info`` (rows without it are skipped)."""
+    """``strands/*`` metrics of a batch from its rows' ``reward_extra_info`` (rows without it are skipped).
+
+    An episode of several trajectories has one row per trajectory, each with the episode's numbers: each
+    row weighs ``1 / strands_trajectories``, so every metric is per episode."""
     rows = [info for info in infos if isinstance(info, dict) and "strands_masked" in info]
-    n = len(rows)
-    if n == 0:
+    if not rows:
         return {}
+    weights = [1.0 / max(1.0, float(r.get("strands_trajectories", 1.0) or 1.0)) for r in rows]
+    n = sum(weights)
 
     def mean(key: str) -> float:
-        return sum(float(r.get(key, 0.0)) for r in rows) / n
+        return sum(w * float(r.get(key, 0.0)) for w, r in zip(weights, rows, strict=True)) / n
 
-    out: dict[str, float] = {f"{prefix}/episodes": float(n)}
+    out: dict[str, float] = {f"{prefix}/episodes": round(n, 6), f"{prefix}/rows": float(len(rows))}
     for key in sorted({k for r in rows for k in r if k.startswith("strands_termination_")}):
         out[f"{prefix}/termination/{key.removeprefix('strands_termination_')}"] = mean(key)
     out[f"{prefix}/masked_fraction"] = mean("strands_masked")
     out[f"{prefix}/batch_cut_fraction"] = mean("strands_batch_cut")
     for key, name in _COUNTS.items():
         out[f"{prefix}/{name}"] = mean(key)
-    calls = sum(float(r.get("strands_tool_calls", 0.0)) for r in rows)
-    errors = sum(float(r.get("strands_tool_errors", 0.0)) for r in rows)
+    calls = sum(w * float(r.get("strands_tool_calls", 0.0)) for w, r in zip(weights, rows, strict=True))
+    errors = sum(w * float(r.get("strands_tool_errors", 0.0)) for w, r in zip(weights, rows, strict=True))
     out[f"{prefix}/tool_error_rate"] = errors / calls if calls else 0.0
     for key, name in (("strands_latency_s", "latency_s"), ("strands_model_s", "model_s"), ("strands_tool_s", "tool_s")):
         values = [float(r.get(key, 0.0)) for r in rows]
-        out[f"{prefix}/{name}/mean"] = sum(values) / n
-        out[f"{prefix}/{name}/p50"] = _quantile(values, 0.5)
-        out[f"{prefix}/{name}/p90"] = _quantile(values, 0.9)
+        out[f"{prefix}/{name}/mean"] = mean(key)
+        out[f"{prefix}/{name}/p50"] = _quantile(values, weights, 0.5)
+        out[f"{prefix}/{name}/p90"] = _quantile(values, weights, 0.9)
         out[f"{prefix}/{name}/max"] = max(values)
     out[f"{prefix}/model_tokens_mean"] = mean("strands_model_tokens")
+    out[f"{prefix}/trajectories_per_episode"] = len(rows) / n
     return out
 
 
