@@ -163,3 +163,24 @@ def logprob_shift(before: Path, after: Path) -> float:
 def test_async_modes_train_with_strands_metrics(assets, tmp_path, mode: str) -> None:
     result = run(assets, tmp_path, mode, steps=3, test_freq=3)
     check_steps(result, 3, on_policy=False)
+
+
+def test_episodes_of_several_trajectories_train_under_the_v1_trainer(assets, tmp_path) -> None:
+    """README, "Agents that rewrite their history, and multi-agent runs": a hook that retries the first model
+    call makes every episode two trajectories whatever the tiny model answers (the retry's history no longer
+    holds the first response); the loop returns one output per trajectory,
+    verl's V1 trainer stores and trains both, agentboost_grpo counts each episode once in its group (its
+    wrapper of compute_advantage_for_multi_trajectories), and the Strands metrics stay per episode."""
+    retry = {"agent_args": {"agent_factory": "agentboost.testing.agents:retry_first_call"}}
+    result = run(assets, tmp_path, "sync", strands=retry)
+    steps = result.steps
+    assert [s["training/global_step"] for s in steps] == [1, 2], result.log_tail()
+    for step in steps:
+        assert step["strands/episodes"] == pytest.approx(8)  # TRAIN_BATCH_SIZE 2 x ROLLOUT_N 4 episodes ...
+        assert step["strands/rows"] >= 16 and step["strands/trajectories_per_episode"] >= 2  # ... of 2+ rows each
+        assert step["strands/rerendered_tokens_per_episode"] > 0  # the retry's prompt renders the history again
+    assert steps[0]["actor/grad_norm"] > 0
+    second = steps[1]  # step 2's rollouts (both agents' calls) came from step 1's weights
+    assert second["training/rollout_probs_diff_max"] < 1e-3
+    log = result.log_path.read_text(errors="replace")
+    assert "agentboost_grpo: one advantage per episode" in log  # the trainer used the per-episode wrapper

@@ -433,7 +433,7 @@ class StrandsRowRunner:
         fallback = _plain(row.get("global_steps"))
         steps = backend.global_steps or ([int(fallback)] if isinstance(fallback, int | float) else [])
         timings = episode.timings
-        metrics = strands_row_metrics(episode)
+        metrics = {**strands_row_metrics(episode), "strands_rows": float(len(tokens))}
         outputs = []
         for prompt, response, mask, lps, trajectory, agent in tokens:
             extra: dict[str, Any] = {

@@ -233,10 +233,22 @@ def build_command(spec: CpuRunSpec, metrics_path: Path) -> tuple[list[str], dict
             overrides.append(f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}='{env[name]}'")
     if spec.reward_fn:
         overrides.append(f"+strands.env_args.reward_fn={spec.reward_fn}")
-    for key, value in spec.strands.items():
+    for key, value in _flat(spec.strands):
         overrides.append(f"+strands.{key}={_hydra(json.dumps(value) if not isinstance(value, str) else value)}")
     overrides += spec.overrides
     return [*launch.program, *overrides], env
+
+
+def _flat(options: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"agent_args": {"agent_factory": "m:f"}}`` -> ``[("agent_args.agent_factory", "m:f")]``: Hydra takes a
+    nested option as dotted keys (a JSON object on the command line would stay a string)."""
+    out: list[tuple[str, Any]] = []
+    for key, value in options.items():
+        if isinstance(value, dict) and value:
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

@@ -65,12 +65,13 @@ def _quantile(values: list[float], weights: list[float], q: float) -> float:
 def row_metrics(infos: list[dict[str, Any]], prefix: str = PREFIX) -> dict[str, float]:
     """``strands/*`` metrics of a batch from its rows' ``reward_extra_info`` (rows without it are skipped).
 
-    An episode of several trajectories has one row per trajectory, each with the episode's numbers: each
-    row weighs ``1 / strands_trajectories``, so every metric is per episode."""
+    An episode of several trajectories has one row per trained trajectory, each with the episode's numbers:
+    each row weighs ``1 / strands_rows`` (its episode's rows; ``strands_trajectories`` for rows written
+    before that was recorded), so every metric is per episode."""
     rows = [info for info in infos if isinstance(info, dict) and "strands_masked" in info]
     if not rows:
         return {}
-    weights = [1.0 / max(1.0, float(r.get("strands_trajectories", 1.0) or 1.0)) for r in rows]
+    weights = [1.0 / max(1.0, float(r.get("strands_rows", r.get("strands_trajectories", 1.0)) or 1.0)) for r in rows]
     n = sum(weights)
 
     def mean(key: str) -> float:
@@ -93,7 +94,11 @@ def row_metrics(infos: list[dict[str, Any]], prefix: str = PREFIX) -> dict[str, 
         out[f"{prefix}/{name}/p90"] = _quantile(values, weights, 0.9)
         out[f"{prefix}/{name}/max"] = max(values)
     out[f"{prefix}/model_tokens_mean"] = mean("strands_model_tokens")
-    out[f"{prefix}/trajectories_per_episode"] = len(rows) / n
+    out[f"{prefix}/trajectories_per_episode"] = (
+        mean("strands_trajectories") if "strands_trajectories" in rows[0] else 1.0
+    )
+    out[f"{prefix}/rows_per_episode"] = len(rows) / n
+    out[f"{prefix}/rerendered_tokens_per_episode"] = mean("strands_rerendered_tokens")
     return out
 
 
