@@ -598,5 +598,6 @@ def test_training_step_metrics_from_the_rows_count_episodes_not_trajectories(loo
     weighted = row_metrics([two, two, infos[2]])
     assert weighted["strands/episodes"] == 2 and weighted["strands/rows"] == 3
     assert weighted["strands/tool_calls_per_episode"] == 2.0 and weighted["strands/masked_fraction"] == 0.5
-    assert weighted["strands/trajectories_per_episode"] == 1.5
+    assert weighted["strands/rows_per_episode"] == 1.5  # the failed episode: one padding row, no trajectory
+    assert weighted["strands/trajectories_per_episode"] == 1.0
     assert row_metrics([{"other": 1.0}]) == {}
