@@ -155,7 +155,7 @@ async def test_call_results_need_the_same_json_type() -> None:
 
     cases = [
         (True, "return 1", 0.0), (True, "return True", 1.0), ([3], "return 3", 0.0), ([3], "return [3]", 1.0),
-        (2.5, "return 2.5000000001", 1.0), ('"3"', "return 3", 0.0), ('"3"', "return '3'", 1.0),
+        (2.5, "return 2.5000000001", 1.0), ("3", "return 3", 0.0), ("3", "return '3'", 1.0),
     ]  # fmt: skip
     for output, body, expected in cases:
         episode = await play([fence(f"def f():\n    {body}")], problem=problem(output))
