@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import logging
 import os
 import secrets
@@ -164,12 +165,7 @@ class Hierarchy:
                 for name in os.listdir(parent):
                     if name.startswith("run-") and os.path.isdir(os.path.join(parent, name)):
                         ok = RunCgroup(name, [os.path.join(parent, name)], self.version).remove(kill=True) and ok
-            try:
-                os.rmdir(parent)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                ok = False
+            ok = _rmdir(parent) and ok
         return ok
 
 
@@ -195,23 +191,31 @@ class RunCgroup:
                     continue
             with contextlib.suppress(OSError):
                 for pid in _read(f"{directory}/cgroup.procs").split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
+                    if pid.isdigit() and int(pid) > 1 and int(pid) != os.getpid():  # (never 0: our own group)
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(int(pid), signal.SIGKILL)
 
     def remove(self, kill: bool = False) -> bool:
         """Remove the group; False while processes are still in it (they die with the run's PID
         namespace, or are killed here with ``kill``)."""
         if kill:
             self.kill()
-        done = True
-        for directory in self.dirs:
-            try:
-                os.rmdir(directory)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                done = False
-        return done
+        return all(_rmdir(d) for d in self.dirs)
+
+
+def _rmdir(directory: str) -> bool:
+    """Remove a group's directory; False while it is busy (processes or groups in it: ``EBUSY``). A
+    directory that is not a cgroup (``ENOTEMPTY``: files in it) is never retried."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno == errno.ENOTEMPTY:
+            logger.debug("%s is not a cgroup (it holds files): left", directory)
+            return True
+        return False
+    return True
 
 
 def find(
