@@ -103,7 +103,7 @@ _EXITS = {
 def _normalised(result) -> tuple:
     """What a judge or a reader sees of a run, working-directory names (random per run) replaced. Known
     difference: an exception raised in an atexit callback shows one traceback line of the runner's."""
-    stderr = re.sub(r"/\S*/run-[0-9a-f]+/", "<W>/", result.stderr)
+    stderr = re.sub(r"/\S*/run-[0-9a-f-]+/", "<W>/", result.stderr)
     stderr = re.sub(r'Traceback \(most recent call last\):\n  File "\S*/agentboost/sandbox/_runner.py".*\n', "", stderr)
     return result.stdout, stderr, result.exit_code, result.signal, result.timed_out, result.stdout_truncated
 

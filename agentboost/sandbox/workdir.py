@@ -35,7 +35,8 @@ _GIVE_UP_S = 30.0
 
 
 def make_root(configured: str | None, is_root: bool) -> Path:
-    """The directory of working directories: private to this uid (traversable by sandbox uids as root)."""
+    """The directory of working directories: private to this uid (traversable by sandbox uids as root).
+    Working directories a process that died left there are removed (by the janitor)."""
     if configured:
         root = Path(configured)
         root.mkdir(parents=True, exist_ok=True)
@@ -50,12 +51,32 @@ def make_root(configured: str | None, is_root: bool) -> Path:
         if not root.is_dir() or root.is_symlink() or info.st_uid != os.geteuid():
             root = Path(tempfile.mkdtemp(prefix="agentboost-sandbox-"))  # someone else's: not ours to use
     os.chmod(root, 0o711 if is_root else 0o700)
+    _sweep_dead(root)
     return root
+
+
+def _sweep_dead(root: Path) -> None:
+    """Queue for removal the working directories (``run-<pid>-<token>``) of processes that are gone."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            parts = entry.name.split("-")
+            if len(parts) == 3 and parts[0] == "run" and parts[1].isdigit() and not _alive(int(parts[1])):
+                janitor().remove_tree(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def make_workdir(root: Path, files: dict[str, str], uid: int | None) -> Path:
     """A new staging directory holding ``files`` (owned by ``uid`` when given)."""
-    workdir = root / f"run-{secrets.token_hex(8)}"
+    workdir = root / f"run-{os.getpid()}-{secrets.token_hex(6)}"
     workdir.mkdir(mode=0o700)
     try:
         for name, text in files.items():
