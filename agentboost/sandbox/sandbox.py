@@ -573,7 +573,7 @@ class Sandbox:
         self._zygotes = pool
         result, group = asyncio.run(self._probe_run(python, canary, marker))
         differ: list[str] = []
-        if pool.started != 1 or pool.off is not None:
+        if pool.failures or pool.off is not None:
             why = f"its probe run failed ({pool.off or 'it died'})"
         elif result.exit_code != 0:
             why = f"its probe run failed: exit {result.exit_code}: {result.stderr[-300:]}"

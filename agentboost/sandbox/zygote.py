@@ -450,6 +450,11 @@ class ZygotePool:
                     loop.call_soon_threadsafe(_hand, future, None, None)
             self._waiters.clear()
 
+    @property
+    def failures(self) -> int:
+        """Failed starts, deaths and failed runs since the last good start."""
+        return self._failures
+
     def failed(self, zygote: Zygote) -> None:
         """A run could not go through ``zygote`` (it died or answered nonsense): no more runs for it."""
         with self._lock:
