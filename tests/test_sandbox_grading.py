@@ -94,10 +94,10 @@ import ctypes, os, time
 libc = ctypes.CDLL(None, use_errno=True)
 n = int(input())
 first = not os.listxattr(".") and not os.listxattr("main.py") and time.time() - os.stat("main.py").st_mtime < 60
-first = first and set(os.listdir("/tmp")) <= set(os.getcwd().split("/")[2:3]) and os.getpid() == 2  # (the way
-# to the working directory as non-root)
+first = first and set(os.listdir("/tmp")) <= set(os.getcwd().split("/")[2:3])  # (the way to the workdir)
+first = first and os.stat("main.py").st_ino == os.stat(".").st_ino + 1  # the first file of a fresh tmpfs
 first = first and libc.shmget(0, 4096, 0o1000 | 0o600) == 0  # the first segment of a fresh IPC namespace
-print(n if first else f"stale {os.getpid()}")
+print(n if first else "stale")
 for target in (".", "main.py", "/tmp"):  # what a test could leave for the next one
     try:
         os.setxattr(target, "user.seen", b"1")

@@ -2,37 +2,48 @@
 
 It is the sandbox's program (``.harness.py`` in the working directory, the launcher and the runner inlined
 by the host: stdlib only), so it has every isolation layer of a run, and it must be PID 2 of the run's own
-PID namespace (it refuses otherwise). It makes itself non-dumpable, deletes its own file, compiles
-``main.py`` (the program, as in a single run) once, then for each input the host sends gives the program
-a sandbox of its own inside its own, built the way the launcher builds a run's:
+PID namespace (it refuses otherwise: its clean-up signals every process there). It keeps the capabilities
+of its own user namespace (the launcher leaves them to it; they reach nothing outside the run) to give
+each input fresh mounts, and makes itself non-dumpable (its ``/proc`` entries, among them the report
+channel and its memory, then belong to root, and it cannot be traced: the programs it forks, same uid and
+no capabilities, cannot reach it that way). It takes a mount namespace of its own, deletes its own file,
+compiles ``main.py`` (the program, as in a single run) once, then for each input the host sends:
 
-* a child in new user, mount, PID, IPC, UTS and network namespaces (the user namespace maps the run's uid
-  to itself and is what allows the rest without privileges). Its PID 1 mounts a fresh size- and
-  inode-limited tmpfs on the working directory (with ``main.py`` written into it from the harness's
-  memory), on ``/tmp`` and ``/dev/shm`` (or the deny-list's private directories) and a new ``/proc``, then
-  forks the program as PID 2, reaps and reports its wait status. So each input runs in a fresh working
-  directory, fresh temporary directories, a fresh PID, IPC and network namespace and fresh keyrings, as a
-  single run does: nothing a program does to its files (contents, modes, times, extended attributes,
-  inode numbers), its processes, System V IPC or network state reaches the next input by construction;
-* the program (PID 2) drops every capability, joins a new session keyring, makes the interpreter look
-  freshly started on ``main.py`` (:func:`_runner.enter`), runs and finishes like an interpreter;
-* the harness feeds the input, keeps ``stdout_cap`` bytes of stdout and ``stderr_cap`` of stderr (killing
-  the program as soon as either goes past its cap), kills it at the wall-clock limit (its namespaces die
-  with its PID 1);
-* reports the outcome: the program's wait status, timed out, truncations, wall time, the kept output.
+* forks a child in a process group of its own, with fresh pipes on 0/1/2 and no other descriptor. The
+  child enters a new IPC namespace, mounts a new size- and inode-limited tmpfs on the working directory
+  (``main.py`` written into it from the harness's memory), on ``/tmp`` and ``/dev/shm`` (or the
+  deny-list's private directories), joins a new session keyring and clears its user keyrings, drops every
+  capability, makes the interpreter look freshly started on ``main.py`` (:func:`_runner.enter`), runs the
+  program and finishes like an interpreter (:func:`_runner.finish`). So each input sees a fresh program in
+  fresh files: module state, ``sys``, environment and signal handlers as the first one saw them, and a
+  working directory, temporary directories and System V IPC where nothing an earlier input did (files,
+  modes, times, extended attributes, inode numbers, shared memory) can be found. Call-based programs carry
+  the single-run driver, which imports ``json``: with ``preload_json`` the harness imports it once and each
+  child starts with it in ``sys.modules``;
+* feeds the input, keeps ``stdout_cap`` bytes of stdout and ``stderr_cap`` bytes of stderr (killing the
+  child as soon as it writes more on either: that pipe is read no more), kills the child's process group at
+  the wall-clock limit;
+* once the child has exited: SIGKILL to every other process of the namespace (``kill(-1)`` spares only
+  PID 1 and the harness: whatever the program left behind dies before the next input), then takes the
+  input's mounts off again;
+* reports the outcome: the program's wait status as such (an exit status stays apart from a death by a
+  signal), timed out, truncations, wall time, the kept output.
 
 Frames, both ways, are a 4-byte little-endian length and a payload. Host to harness (trusted): marshal,
-first the setup, then one input per frame; end of file ends the harness. Harness to host (the host must
-treat it as untrusted, the program could have tampered with its parent): fixed little-endian fields
-(index u32, wait status i32, flags u8, wall µs u32, stdout length u32 + bytes, stderr length u32 + bytes).
-An input carries its stdin, its index and nothing derived from its expected output (the host compares).
-Not reproduced: the hash seed and the address layout are the harness's, shared by its inputs (as forked
-runs share the zygote's); the program's PID 1 is a fork of the harness; its cgroup is the session's.
-Where the kernel refuses the namespaces (no unprivileged user namespaces), an input reports a setup
-failure and the host runs every input in a sandbox of its own.
+first the setup, then one input per frame (its index and stdin: nothing derived from its expected output,
+the host compares); end of file ends the harness. Harness to host (the host must treat it as untrusted,
+the program could have tampered with its parent): fixed little-endian fields (index u32, wait status i32,
+flags u8, wall µs u32, stdout length u32 + bytes, stderr length u32 + bytes). Not cleaned: the harness's
+own memory, which each child inherits: remnants of this program's earlier inputs and outputs may lie in
+freed heap (never another program's, never an expected output or anything derived from one). Not forwarded:
+isolation notes (the host has them from its probe). Differences from a single run: the program's parent is
+the harness (PID 2), not PID 1, and its own pid varies; its network and UTS namespaces, cgroup, hash seed
+and address layout are the session's. Where an input cannot be given its fresh mounts (no capabilities:
+the kernel refused the run a user namespace of its own), it reports a setup failure and the host runs
+every input in a sandbox of its own.
 """
 
-# ruff: noqa: E402 - imports after the start-up state is captured; nothing beyond the stdlib's core
+# ruff: noqa: E402, SIM105 - imports after the start-up state is captured; nothing beyond the stdlib's core
 
 import sys
 
@@ -46,23 +57,25 @@ import select
 import time
 
 from _launcher import (  # inlined here by the host
+    CLONE_NEWIPC,
+    CLONE_NEWNS,
+    KEY_SPEC_USER_KEYRING,
+    KEY_SPEC_USER_SESSION_KEYRING,
+    KEYCTL_CLEAR,
+    MNT_DETACH,
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
-    SIG_DFL,
-    SIG_IGN,
-    SIGINT,
-    _close_stdio,
-    _die_with_parent,
+    MS_PRIVATE,
+    MS_REC,
     _drop_capabilities,
+    _keyctl,
     _libc,
     _mount,
     _new_session_keyring,
     _private_workdir,
-    _reap_until,
     _tmpfs_options,
-    _user_namespace,
-    _wait_and_exit,
+    _unshare,
 )
 from _runner import enter, finish, run  # inlined here by the host
 
@@ -71,7 +84,6 @@ PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 TIMED_OUT, OUT_CUT, ERR_CUT, SETUP_FAILED = 1, 2, 4, 8
 _SETUP_STATUS = 71
-PIDFD_SEND_SIGNAL = 424  # the same number on every architecture
 
 
 class _Harness:
@@ -108,20 +120,22 @@ class _Harness:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        st_r, st_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        places = _mounted(setup)
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
             try:  # the child never returns into the harness, whatever happens
+                os.setpgid(0, 0)
                 os.dup2(in_r, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
-                os.dup2(st_w, 3)
+                os.dup2(ready_w, 3)
                 os.closerange(4, os.sysconf("SC_OPEN_MAX"))
-                _sandbox(setup, code, json)
+                _program(setup, code, json)
             finally:
                 os._exit(70)
-        for fd in (in_r, out_w, err_w, st_w):
+        for fd in (in_r, out_w, err_w, ready_w):
             os.close(fd)
         pidfd = os.pidfd_open(pid)
         data = memoryview(test["stdin"])
@@ -146,7 +160,7 @@ class _Harness:
             now = time.monotonic()
             if raw is None and now >= deadline and not killed:
                 timed_out = killed = True
-                self._kill(pidfd)
+                self._kill(pid)
             wait_s = (deadline - now) if raw is None and not killed else 0.05
             for fd, _ in poller.poll(max(0.0, wait_s) * 1000 + 1):
                 if fd == in_w:
@@ -163,7 +177,8 @@ class _Harness:
                 elif fd == pidfd:
                     poller.unregister(pidfd)
                     _, raw = os.waitpid(pid, 0)
-                    drain_until = time.monotonic() + 2.0  # its namespace is gone: the pipes end now
+                    self._sweep()  # strays die now: the pipes they hold reach their end
+                    drain_until = time.monotonic() + 2.0
                 elif fd in open_pipes:
                     chunk = os.read(fd, 65536)
                     if not chunk:
@@ -178,87 +193,92 @@ class _Harness:
                         open_pipes.discard(fd)
                         if not killed:
                             killed = True
-                            self._kill(pidfd)
+                            self._kill(pid)
         wall = time.monotonic() - started
         os.close(pidfd)
         for fd in (in_w, out_r, err_r):
             if fd >= 0:
                 os.close(fd)
-        status, setup_failed = self._status(st_r, raw)
-        os.close(st_r)
+        self._sweep()
+        try:
+            os.set_blocking(ready_r, False)
+            setup_failed = os.read(ready_r, 8) != b"R"
+        except OSError:
+            setup_failed = True
+        os.close(ready_r)
+        _unmount(places)
         flags = (TIMED_OUT if timed_out else 0) | (OUT_CUT if cut[out_r] else 0) | (ERR_CUT if cut[err_r] else 0)
-        flags |= SETUP_FAILED if setup_failed else 0
+        flags |= SETUP_FAILED if setup_failed and not killed else 0
         out, err = bytes(kept[out_r]), bytes(kept[err_r])
         return b"".join((
-            test["i"].to_bytes(4, "little"), status.to_bytes(4, "little", signed=True), bytes([flags]),
+            test["i"].to_bytes(4, "little"), raw.to_bytes(4, "little", signed=True), bytes([flags]),
             min(int(wall * 1e6), 2**32 - 1).to_bytes(4, "little"),
             len(out).to_bytes(4, "little"), out, len(err).to_bytes(4, "little"), err,
         ))  # fmt: skip
 
-    @staticmethod
-    def _status(st_r, raw):
-        """The program's wait status as its PID 1 reported it; else (killed first) the child's own."""
+    def _kill(self, pid):
         try:
-            os.set_blocking(st_r, False)
-            report = os.read(st_r, 16)
+            os.killpg(pid, 9)
         except OSError:
-            report = b""
-        if len(report) == 5 and report[:1] == b"X":
-            return int.from_bytes(report[1:], "little", signed=True), False
-        setup_failed = os.WIFEXITED(raw) and os.WEXITSTATUS(raw) == _SETUP_STATUS
-        return (raw if raw is not None else 9), setup_failed
+            pass
+        self._sweep()
 
     @staticmethod
-    def _kill(pidfd):
-        """SIGKILL the input's first process: its PID 1 dies with it, and its namespace with everything in it."""
-        _libc.syscall(ctypes.c_long(PIDFD_SEND_SIGNAL), ctypes.c_long(pidfd), ctypes.c_long(9), None, ctypes.c_long(0))
+    def _sweep():
+        """SIGKILL every process of this PID namespace but PID 1 and the harness."""
+        try:
+            os.kill(-1, 9)
+        except OSError:
+            pass  # none left
 
 
-def _sandbox(setup, code, json):
-    """In the forked child: the input's namespaces, its PID 1 (fresh mounts, reaper), then the program."""
+def _program(setup, code, json):
+    """In the forked child: a fresh IPC namespace, working directory, /tmp and /dev/shm (new tmpfs mounts in
+    the harness's mount namespace), new keyrings, no capabilities; then the program."""
     try:
-        _die_with_parent()
-        _prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its /proc files its own (the harness is not dumpable)
-        _user_namespace(setup["namespaces"])  # the namespaces the run itself has
-        _die_with_parent()
-    except OSError as exc:
-        os.write(2, f"batch harness: no namespaces for this input: {exc}\n".encode())
-        os._exit(_SETUP_STATUS)
-    child = os.fork()  # PID 1 of the new PID namespace
-    if child:
-        _close_stdio()
-        os.close(3)
-        _wait_and_exit(child)
-    _die_with_parent()
-    try:
+        if setup["ipc"]:
+            _unshare(CLONE_NEWIPC)
         limits = {"tmp_mb": setup["tmp_mb"], "max_files": setup["max_files"]}
-        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
         os.umask(0o022)
         for directory in setup["private_dirs"]:
-            _mount("tmpfs", directory, "tmpfs", flags, _tmpfs_options(limits, "1777"))
+            _mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(limits, "1777"))
         _way_to(setup["workdir"])  # under a private /tmp just mounted (as non-root): made again, as the launcher does
         _private_workdir(setup["workdir"], [("main.py", setup["source"], setup["script_mode"])], limits, None)
-        _mount("proc", "/proc", "proc", flags, None)
+        _new_session_keyring()
+        for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):  # (the session's user namespace)
+            _keyctl(KEYCTL_CLEAR, keyring)
     except OSError as exc:
         os.write(2, f"batch harness: cannot prepare this input: {exc}\n".encode())
         os._exit(_SETUP_STATUS)
-    _libc.signal(SIGINT, SIG_IGN)
-    program = os.fork()
-    if program:
-        _close_stdio()
-        _reap_until(program, 3)
-    os.close(3)
-    _libc.signal(SIGINT, SIG_DFL)
-    _die_with_parent()
-    _new_session_keyring()
+    _prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a freshly started program is
     _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(setup["workdir"])
+    os.write(3, b"R")
+    os.close(3)
     main, shared = enter(_BASELINE, setup["script"], ["main.py"], setup["orig_argv"], setup["env"])
     if json is not None:
         sys.modules["json"] = json  # imported once by the harness: the driver's import finds it
     finish(run(main, code), shared)
+
+
+def _mounted(setup):
+    """The places an input mounts over (in mounting order), each with the device it shows before."""
+    return [(p, os.stat(p).st_dev) for p in (*setup["private_dirs"], setup["workdir"])]
+
+
+def _unmount(places):
+    """Take the input's mounts off again (the harness's mount namespace is back as before it)."""
+    for path, device in reversed(places):
+        for _ in range(8):
+            try:
+                if os.stat(path).st_dev == device:
+                    break
+            except OSError:
+                pass
+            if _libc.umount2(path.encode(), MNT_DETACH) != 0:
+                break
 
 
 def _way_to(path):
@@ -283,6 +303,11 @@ def _serve():
     if _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:  # its /proc entries (report channel, memory) out of
         sys.stderr.write("batch harness: cannot protect itself; refusing to run\n")  # its children's reach
         os._exit(3)
+    try:  # a mount namespace of its own, where each input's fresh mounts go (and come off again)
+        _unshare(CLONE_NEWNS)
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    except OSError as exc:
+        sys.stderr.write(f"batch harness: no mount namespace of its own ({exc}): every input will fail\n")
     os.unlink(setup["harness"])
     with open(setup["script"], "rb") as fh:
         source = fh.read()
@@ -295,6 +320,9 @@ def _serve():
     json = None
     if setup.get("preload_json"):
         import json  # once here: importing it in every child would cost more than the rest of a test
+    import gc
+
+    gc.freeze()  # what is here now is never collected: each input's collections (and exit) skip it
     while (frame := harness.read_frame()) is not None:
         harness.write_frame(harness.one(setup, code, json, marshal.loads(frame)))
     os._exit(0)

@@ -538,7 +538,8 @@ def prepare(cfg):
         else:
             _own_user_keyrings(uid)
     _die_with_parent()  # again: changing credentials clears it
-    _drop_capabilities()
+    if not cfg.get("keep_capabilities"):  # (the batch harness keeps those of its own user namespace)
+        _drop_capabilities()
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(cfg["workdir"])

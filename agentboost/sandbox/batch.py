@@ -4,19 +4,20 @@ Why: a code reward runs the final program on every hidden test, up to hundreds; 
 test pays the sandbox's start-up per test. A harness pays it once per session and forks one child per
 input inside the sandbox, which then starts from the state a fresh interpreter has.
 
-What each input gets, as in a single run (by construction: see the harness doc): namespaces of its own (user,
-mount, PID, IPC, UTS, network), a fresh working directory, ``/tmp`` and ``/dev/shm`` (new tmpfs mounts), a
-fresh program as PID 2 (module state, ``sys``, environment, signal handlers; the harness's own imports
-are out of sight), a new session keyring, its stdin, its own wall-clock limit (from its fork), its
-CPU-time limit (a child's CPU time starts at 0), the stdout and stderr caps (the program is killed as
-soon as it writes more), and its wait status as such. Nothing derived from an input's expected output
-reaches the harness: the stdout cap is the same for every input of a session. Differences from single
-runs: the hash seed and address layout are the session's; the program's PID 1 is a fork of the harness;
-the session's cgroup holds the harness too (it gets ``SESSION_MB`` more); call-based programs start with
-``json`` imported (see the harness doc).
+What each input gets, as in a single run (see the harness doc): a fresh working directory, ``/tmp`` and
+``/dev/shm`` (new tmpfs mounts: nothing an earlier input did to files, their times, modes, extended
+attributes or inode numbers can be found), a new IPC namespace and session keyring, a fresh program
+(module state, ``sys``, environment, signal handlers; the harness's own imports are out of sight), its
+stdin, its own wall-clock limit (from its fork), its CPU-time limit (a child's CPU time starts at 0), the
+stdout and stderr caps (the program is killed as soon as it writes more), and its wait status as such.
+After each input every other process of the sandbox is killed. Nothing derived from an input's expected
+output reaches the harness: the stdout cap is the same for every input. Differences from single runs:
+the program's parent is the harness and its pid varies; hash seed, address layout, network namespace and
+cgroup are the session's (the cgroup holds the harness too: ``SESSION_MB`` more); call-based programs
+start with ``json`` imported (see the harness doc).
 
 Where: only where the sandbox has a PID namespace with a private ``/proc`` and a private ``/tmp``, and the
-harness can give each input its own namespaces (:func:`batch_available`, checked once per sandbox with a
+harness can give each input its fresh mounts (:func:`batch_available`, checked once per sandbox with a
 real batch); elsewhere callers run one sandbox per input. Trust: the harness shares the sandbox with the
 program, which could tamper with it, so its reports are parsed as untrusted bytes. An input whose report
 is missing, malformed or later than its limit plus a margin is run again on its own (``single``) and the
@@ -52,13 +53,6 @@ from .status import ExitStatus
 logger = logging.getLogger(__name__)
 
 HARNESS = ".harness.py"
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
-    0x20000,
-    0x4000000,
-    0x8000000,
-    0x20000000,
-    0x40000000,
-)
 PER_SESSION = 128
 """Inputs per harness session (its own CPU-time limit covers its bookkeeping for this many)."""
 _TIMED_OUT, _OUT_CUT, _ERR_CUT, _SETUP_FAILED = 1, 2, 4, 8
@@ -233,17 +227,13 @@ def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, stdout_cap: int, prelo
         private = ["/tmp", "/dev/shm"]  # fresh tmpfs mounts in the program's own root
     else:  # the deny-list's private tmpfs mounts (not /tmp where the sandbox root lies there)
         private = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not inside(str(sandbox._root), d)]
-    flags = CLONE_NEWNS | CLONE_NEWPID
-    flags |= CLONE_NEWIPC if iso.get("ipc_namespace") else 0
-    flags |= CLONE_NEWUTS if iso.get("uts_namespace") else 0
-    flags |= CLONE_NEWNET if iso.get("network_namespace") else 0
     python = sandbox._python or ""
     return {
         "script": f"{workdir}/main.py",
         "harness": f"{workdir}/{HARNESS}",
         "workdir": workdir,
         "private_dirs": private,
-        "namespaces": flags,
+        "ipc": bool(iso.get("ipc_namespace")),
         "tmp_mb": sandbox.config.tmp_mb,
         "max_files": sandbox.config.max_files,
         "orig_argv": sandbox._program_argv(python, "main.py"),

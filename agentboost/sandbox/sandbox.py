@@ -403,8 +403,7 @@ class Sandbox:
         try:
             uid = await self._lease_uid(lease.slot)
             try:
-                run = await self._launch(files, uid, self._python or sys.executable, script=script,
-                                         extra_mb=SESSION_MB)  # fmt: skip
+                run = await self._launch(files, uid, self._python or sys.executable, script=script, session=True)
                 run.lease = lease
                 try:
                     yield run
@@ -424,9 +423,11 @@ class Sandbox:
         *,
         script: str = "main.py",
         zygotes: bool = True,
-        extra_mb: int = 0,
+        session: bool = False,
     ) -> _Run:
-        """Stage ``files`` and start ``script`` with them in a cgroup of its own (see :meth:`_start`)."""
+        """Stage ``files`` and start ``script`` with them in a cgroup of its own (see :meth:`_start`).
+        ``session``: the batch harness (``SESSION_MB`` more memory, its capabilities in its own user
+        namespace kept: it gives each input namespaces and mounts of its own)."""
         uid = lease.uid if lease is not None else None
         if uid is not None and not self._contained_by_pid_namespace():
             await asyncio.to_thread(kill_uid, uid)  # strays of a holder of this uid that died (we hold the lease now)
@@ -436,8 +437,9 @@ class Sandbox:
             workdir = await asyncio.to_thread(make_workdir, self._root, files, uid)
         group = None
         try:
-            group = self._take_cgroup(extra_mb)
+            group = self._take_cgroup(SESSION_MB if session else 0)
             config = self._launch_config(workdir, uid, python, script=script, cgroup=group)
+            config["keep_capabilities"] = session
             proc, (stdin, stdout, stderr) = await self._start(config, workdir, uid, zygotes)
         except BaseException:
             dispose_workdir(workdir, files)
