@@ -16,9 +16,9 @@ Where (:func:`find`, once per sandbox, from ``/proc/self/mountinfo`` and ``/proc
   for every run) and the CFS quota.
 
 Each sandbox makes one group of its own there (``agentboost-<pid>-<token>``, weighing as much CPU as as many
-busy processes as it has slots) and one group per run in it,
-made ahead of time off the event loop (:class:`Cgroups` keeps a few ready) and removed after the run by the
-janitor; groups of a process that died are removed the next time a sandbox starts. The launcher moves
+busy processes as it has slots) and one group per run in it, removed after the run by the janitor (off the
+event loop: the kernel takes a while); groups of a process that died are removed the next time a sandbox
+starts. The launcher moves
 itself into the run's group before anything else (it writes ``0`` to each ``cgroup.procs`` in the launch
 configuration), so every process of the run is in it. Where none of this is possible (no such mount, no
 delegation, not root) :func:`find` says why and runs keep only their per-process limits (reported as the
@@ -27,14 +27,12 @@ delegation, not root) :func:`find` says why and runs keep only their per-process
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import logging
 import os
 import secrets
 import signal
-import threading
 import time
 from dataclasses import dataclass
 
@@ -43,8 +41,6 @@ logger = logging.getLogger(__name__)
 REQUIRED = ("memory", "pids")
 WANTED = (*REQUIRED, "cpu")
 _PERIOD_US = 100_000
-_READY = 4
-"""Run groups kept made ahead of time."""
 
 
 class CgroupError(RuntimeError):
@@ -351,54 +347,17 @@ def _alive(pid: int) -> bool:
 
 
 class Cgroups:
-    """A sandbox's run groups: made ahead of time (off the event loop), handed out one per run."""
+    """A sandbox's run groups: one made for each run (a few system calls), removed by the janitor."""
 
     def __init__(self, hierarchy: Hierarchy, limits: RunLimits) -> None:
         self.hierarchy = hierarchy
         self.limits = limits
-        self._ready: collections.deque[RunCgroup] = collections.deque()
-        self._lock = threading.Lock()
-        self._refilling = False
-        self._closed = False
 
     def take(self, limits: RunLimits | None = None) -> RunCgroup:
-        """A new group for one run (``limits``: other than the default, made now)."""
-        if limits is not None and limits != self.limits:
-            return self.hierarchy.make(limits)
-        with self._lock:
-            group = self._ready.popleft() if self._ready else None
-        if group is None:
-            group = self.hierarchy.make(self.limits)
-        return group
-
-    def refill(self) -> None:
-        """Make groups until ``_READY`` are waiting (call from a worker thread)."""
-        with self._lock:
-            if self._refilling or self._closed:
-                return
-            self._refilling = True
-        try:
-            while True:
-                with self._lock:
-                    if self._closed or len(self._ready) >= _READY:
-                        return
-                try:
-                    group = self.hierarchy.make(self.limits)
-                except CgroupError as exc:
-                    logger.debug("%s", exc)
-                    return
-                with self._lock:
-                    self._ready.append(group)
-        finally:
-            with self._lock:
-                self._refilling = False
+        """A new group for one run (``limits``: other than the default)."""
+        return self.hierarchy.make(limits or self.limits)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            ready, self._ready = list(self._ready), collections.deque()
-        for group in ready:
-            group.remove()
         deadline = time.monotonic() + 5.0
         while not self.hierarchy.remove() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -80,7 +80,7 @@ from .rootfs import RootPlan, RootPlanError, plan_for
 from .slots import SlotLease, Slots
 from .uids import UidLease, kill_uid, lock_dir, try_lease
 from .workdir import dispose_workdir, janitor, make_root, make_workdir
-from .zygote import Zygote, ZygoteError, ZygotePool
+from .zygote import Zygote, ZygoteError, ZygotePool, precompile
 
 __all__ = ["LAYERS", "Sandbox", "SandboxConfig", "SandboxResult", "SandboxUnavailable"]
 
@@ -272,7 +272,6 @@ class Sandbox:
         except CgroupError as exc:
             logger.warning("sandbox run without a cgroup of its own: %s", exc)
             return None
-        janitor().call(cgroups.refill, "making run cgroups")
         return group
 
     # -- execution ---------------------------------------------------------------------
@@ -565,6 +564,7 @@ class Sandbox:
         if why is not None:
             iso["notes"].append(f"no-zygote {why}")
             return False
+        precompile(self._program_argv(python)[0])
         try:
             zygote = self._new_zygote(python, iso["locale"])
         except ZygoteError as exc:

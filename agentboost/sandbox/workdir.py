@@ -123,13 +123,13 @@ class Janitor:
         self._put(lambda: remove_tree(path), f"directory {path}")
 
     def remove_cgroup(self, group: RunCgroup) -> None:
+        """(On the janitor's thread: removing a cgroup takes the kernel a while, an event loop must not wait.)"""
         started = time.monotonic()
 
         def attempt() -> bool:
             return group.remove(kill=time.monotonic() - started > 1.0)
 
-        if not attempt():  # usually done at once: the run's processes are gone
-            self._put(attempt, f"cgroup {group.name}")
+        self._put(attempt, f"cgroup {group.name}")
 
     def call(self, fn: Callable[[], Any], what: str) -> None:
         """Run ``fn`` on the janitor's thread (once; its errors are logged)."""

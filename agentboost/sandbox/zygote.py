@@ -196,7 +196,11 @@ class Zygote:
             self._in_flight -= 1
             close = self._retired and self._in_flight == 0
         if close:
-            self.close()
+            self._close_later()
+
+    def _close_later(self) -> None:
+        """Close on a thread of its own (waiting for the zygote to exit must not hold an event loop)."""
+        threading.Thread(target=self.close, name="agentboost-zygote-close", daemon=True).start()
 
     @property
     def retired(self) -> bool:
@@ -216,7 +220,7 @@ class Zygote:
             self._retired = True
             close = self._in_flight == 0
         if close:
-            self.close()
+            self._close_later()
 
     def diagnostics(self) -> str:
         """What the zygote wrote on stderr (its traceback if it died), without waiting for more."""
@@ -290,6 +294,20 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def precompile(python: str) -> None:
+    """Have ``python`` write the bytecode of the zygote's modules where it can (next to them): a zygote
+    starts with ``-B`` (as the program does) and would otherwise compile them at every start."""
+    code = (
+        "import os, py_compile, sys\n"
+        "for name in ('_launcher', '_runner', '_zygote'):\n"
+        "    path = os.path.join(sys.argv[1], name + '.py')\n"
+        "    try:\n        py_compile.compile(path, doraise=True)\n"
+        "    except (OSError, py_compile.PyCompileError):\n        pass\n"
+    )
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([python, "-I", "-S", "-c", code, _DIR], capture_output=True, timeout=60, check=False)
 
 
 class ZygotePool:
