@@ -69,7 +69,7 @@ class SandboxConfig:
     zygote: bool = True
     """Fork runs from a warm interpreter where that isolates them as well as starting one does (module doc
     of :mod:`.sandbox`)."""
-    runs_per_zygote: int = 4
+    runs_per_zygote: int = 8
     """Runs one zygote forks before it retires (a new one, started ahead of time, takes over): forked runs
     share a hash seed and address layout only with this many (1: none; each zygote start costs about as
     much CPU as an interpreter start)."""
