@@ -410,7 +410,7 @@ class ZygotePool:
     def _top_up(self) -> None:
         """(lock held) Start zygotes until there is a spare beyond what the waiters will take."""
         room = sum(self.runs_each - self._reserved.get(z, 0) for z in self._ready)
-        need = len(self._waiters) + 1  # the waiters, then one run ahead
+        need = len(self._waiters) + self.runs_each  # the waiters, then a whole zygote ahead (no run waits for one)
         starting_room = self._starting * self.runs_each
         while room + starting_room < need or (not self._ready and self._starting < self._spares):
             if self.off is not None or self._closed:
