@@ -45,11 +45,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import marshal
 import os
-import secrets
 import sys
 import threading
 import time
@@ -61,7 +59,8 @@ from typing import Any
 
 from .cgroups import CgroupError, Cgroups, RunCgroup, RunLimits, find
 from .config import SandboxConfig, SandboxResult, SandboxUnavailable
-from .paths import hidden_for, hide_candidates, inside, interpreter_candidates
+from .paths import hidden_for, hide_candidates, inside
+from .probe import probe
 from .process import (
     CappedReader,
     Fd,
@@ -74,13 +73,12 @@ from .process import (
     pipes,
     split_notes,
 )
-from .report import LAYERS, log_isolation, namespaces_of_this_process, probe_program, session_keyring
-from .report import layers as report_layers
-from .rootfs import RootPlan, RootPlanError, plan_for
+from .report import LAYERS, log_isolation
+from .rootfs import RootPlan
 from .slots import SlotLease, Slots
 from .uids import UidLease, kill_uid, lock_dir, try_lease
 from .workdir import dispose_workdir, janitor, make_root, make_workdir
-from .zygote import Zygote, ZygoteError, ZygotePool, precompile
+from .zygote import Zygote, ZygoteError, ZygotePool
 
 __all__ = ["LAYERS", "Sandbox", "SandboxConfig", "SandboxResult", "SandboxUnavailable"]
 
@@ -149,7 +147,7 @@ class Sandbox:
         if self._isolation is None:
             with self._probe_lock:
                 if self._isolation is None:
-                    self._isolation = self._probe()
+                    self._isolation = probe(self)
                     log_isolation(self._isolation)
         return self._isolation
 
@@ -438,7 +436,7 @@ class Sandbox:
         try:
             group = self._take_cgroup(SESSION_MB if session else 0)
             config = self._launch_config(workdir, uid, python, script=script, cgroup=group)
-            config["keep_capabilities"] = session
+            config["keep_capabilities"] = session and not (self._is_root and uid is None)  # never root's own
             proc, (stdin, stdout, stderr) = await self._start(config, workdir, uid, zygotes)
         except BaseException:
             dispose_workdir(workdir, files)
@@ -515,115 +513,3 @@ class Sandbox:
         kill_group(pgid)
         if uid is not None and not self._contained_by_pid_namespace():
             kill_uid(uid)
-
-    # -- probe -------------------------------------------------------------------------
-    def _probe(self) -> dict[str, Any]:
-        c = self.config
-        last_error = ""
-        canary = self._root / f".canary-{secrets.token_hex(6)}"
-        marker = Path("/tmp") / f"agentboost-sandbox-probe-{secrets.token_hex(6)}"
-        canary.write_text("host file")
-        canary.chmod(0o644)
-        with contextlib.suppress(OSError):
-            marker.write_text("host /tmp")
-        self._cgroups, self._cgroup_why = self._find_cgroups()
-        try:
-            for python in interpreter_candidates(c.python, c.site_packages, self._hide):
-                plan_notes: list[str] = []
-                self._plan = None
-                if c.deny_by_default and c.private_tmp:
-                    try:
-                        self._plan = plan_for(python, site_packages=c.site_packages, hidden=self._hide)
-                    except RootPlanError as exc:
-                        plan_notes.append(f"no-fresh-root {exc}")
-                result, group = asyncio.run(self._probe_run(python, canary, marker))
-                if result.exit_code == 0:
-                    self._python = python
-                    iso = self._layers(python, result, plan_notes, group)
-                    if not iso["deny_by_default_fs"]:
-                        self._plan = None  # runs go straight to the deny-list, not failing to build the root each time
-                    iso["zygote"] = self._check_zygote(iso, python, canary, marker, plan_notes)
-                    return iso
-                last_error = f"{python}: exit {result.exit_code}: {result.stderr[-300:]}"
-        finally:
-            canary.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                marker.unlink()
-        raise RuntimeError(f"no interpreter can run inside the sandbox ({last_error})")
-
-    def _check_zygote(
-        self, iso: dict[str, Any], python: str, canary: Path, marker: Path, plan_notes: list[str]
-    ) -> bool:
-        """Start a zygote and probe again through it: runs fork from zygotes only if they give the same
-        layers (and only where a PID namespace with a private ``/proc`` keeps them out of their reach)."""
-        why = None
-        if not self.config.zygote:
-            why = "SandboxConfig(zygote=False)"
-        elif not (iso["pid_namespace"] and iso["private_proc"]):
-            why = "no PID namespace with a private /proc: a forked program could reach the zygote"
-        if why is not None:
-            iso["notes"].append(f"no-zygote {why}")
-            return False
-        precompile(self._program_argv(python)[0])
-        try:
-            zygote = self._new_zygote(python, iso["locale"])
-        except ZygoteError as exc:
-            iso["notes"].append(f"no-zygote {exc}")
-            return False
-        pool = self._new_pool(python, iso["locale"])
-        pool.adopt(zygote)
-        self._zygotes = pool
-        result, group = asyncio.run(self._probe_run(python, canary, marker))
-        differ: list[str] = []
-        if pool.failures or pool.off is not None:
-            why = f"its probe run failed ({pool.off or 'it died'})"
-        elif result.exit_code != 0:
-            why = f"its probe run failed: exit {result.exit_code}: {result.stderr[-300:]}"
-        else:
-            forked = self._layers(python, result, plan_notes, group)
-            differ = [k for k in (*LAYERS, "hidden_paths", "exposed_paths", "locale") if forked[k] != iso[k]]
-            why = f"its runs differ from started ones in {', '.join(differ)}" if differ else None
-        if why is not None:
-            pool.close()
-            self._zygotes = None
-            iso["notes"].append(f"no-zygote {why}")
-            return False
-        return True
-
-    async def _probe_run(self, python: str, canary: Path, marker: Path) -> tuple[SandboxResult, str | None]:
-        allowed: dict[str, list[str]] = {}  # what a hidden directory may show: the way to the interpreter
-        visible = self._plan.visible if self._plan else ()
-        for hidden in self._hide:
-            allowed[hidden] = sorted({v[len(hidden) :].strip("/").split("/")[0] for v in visible if inside(v, hidden)})
-        probe = probe_program(str(canary), str(marker), allowed)
-        uid = await self._lease_uid(0)
-        groups: list[str | None] = []  # the probe run's cgroup, to find it in the program's /proc/self/cgroup
-
-        def launched(run: _Run) -> None:
-            groups.append(run.cgroup.name if run.cgroup else None)
-
-        try:
-            result = await self._run(probe, "", 20.0, uid, python, on_launch=launched)
-        finally:
-            if uid is not None:
-                uid.release()
-        return result, groups[-1] if groups else None
-
-    def _layers(self, python: str, result: SandboxResult, plan_notes: list[str], group: str | None) -> dict[str, Any]:
-        data = json.loads(result.stdout.strip().splitlines()[-1])
-        host = {"ns": namespaces_of_this_process(), "keyring": session_keyring()}
-        notes = [*plan_notes, *result.isolation_notes]
-        if self._cgroups is None:
-            notes.append(f"no-cgroup {self._cgroup_why}")
-        iso = report_layers(data, notes, config=self.config, is_root=self._is_root, run_uid=result.uid, host=host,
-                            fresh_root_planned=self._plan is not None, cgroup_name=group)  # fmt: skip
-        fresh = iso["deny_by_default_fs"]
-        hidden = data["hidden"]
-        iso.update({
-            "python": python,
-            "hidden_paths": hidden,
-            "exposed_paths": [p for p in self._hide if p not in hidden],
-            "visible_paths": list(self._plan.visible) if fresh and self._plan is not None else None,
-            "cgroup_setup": self._cgroup_why,
-        })  # fmt: skip
-        return iso
