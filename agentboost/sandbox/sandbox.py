@@ -91,7 +91,7 @@ _INLINE_BYTES = 256 * 1024
 SESSION_MB = 64
 """Memory a batch session's cgroup has beyond ``memory_mb``: the harness itself."""
 _CHILDREN = 4
-"""Processes of a run beyond the program's own (launcher, PID 1, a harness and its per-input PID 1)."""
+"""Processes of a run beyond the program's own (the launcher, PID 1 and, in a batch session, the harness)."""
 
 
 @dataclass

@@ -42,6 +42,9 @@ _BOOT = (
 )
 """Captures the interpreter's start-up state before importing anything (restored for every program)."""
 _START_TIMEOUT_S = 30.0
+_AHEAD = 4
+"""A zygote starts once its predecessors have room for fewer than this many runs (a start takes a few of
+their runs' time: no run waits for one)."""
 _SEND_TIMEOUT_S = 10.0
 _live: weakref.WeakSet[Zygote] = weakref.WeakSet()
 _pools: weakref.WeakSet[ZygotePool] = weakref.WeakSet()
@@ -410,7 +413,7 @@ class ZygotePool:
     def _top_up(self) -> None:
         """(lock held) Start zygotes until there is a spare beyond what the waiters will take."""
         room = sum(self.runs_each - self._reserved.get(z, 0) for z in self._ready)
-        need = len(self._waiters) + self.runs_each  # the waiters, then a whole zygote ahead (no run waits for one)
+        need = len(self._waiters) + min(self.runs_each, _AHEAD)  # the waiters, then a few runs ahead
         starting_room = self._starting * self.runs_each
         while room + starting_room < need or (not self._ready and self._starting < self._spares):
             if self.off is not None or self._closed:
