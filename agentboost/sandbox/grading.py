@@ -27,9 +27,10 @@ output is ever in the program's reach.
   grader compares decimals exactly (``Decimal``: ``0.50`` is ``0.5``), which :data:`EXACT` does. A task's
   ``float_tolerance`` (a number: ``rel = abs = tolerance``; ``None``: exact) overrides its source's rule
   (:func:`float_rule_for`); without either, :data:`DEFAULT_FLOAT_TOLERANCE`.
-* Output past twice the expected size (plus 4 KiB) is ``output limit exceeded``, decided here after the
-  run: a correct long answer is never cut short, and the limit the program runs under is the same for
-  every test (it does not depend on the expected output).
+* Output past twice the expected size plus 4 KiB (and past the sandbox's ``stdout_cap``, 64 KiB by
+  default) is ``output limit exceeded``, decided here after the run: a correct long answer is never cut
+  short, and the limit the program runs under is the same for every test (it does not depend on the
+  expected output).
 * Exit statuses are what they are: a program that exits with status 152 has a runtime error, only a
   death by SIGXCPU (the CPU limit) or the wall clock is a time limit.
 """
@@ -50,6 +51,8 @@ OUTPUT_LIMIT, NOT_RUN = "output limit exceeded", "not run"
 SUITE_TIME_LIMIT = "suite time limit exceeded"
 CALL_MARK = "__agentboost_result__"
 DEFAULT_FLOAT_TOLERANCE = 1e-6
+DEFAULT_OUTPUT_FLOOR = 64 * 1024
+"""Output every test may write whatever its expected size (``SandboxConfig.stdout_cap``'s default)."""
 SIGXCPU = 24
 _REAL = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
@@ -229,11 +232,20 @@ def _judge_call(expected: Any, result: SandboxResult, rule: FloatRule) -> tuple[
     return same_value(got, expected, rule), payload
 
 
+def output_limit(test: TestCase, floor: int = DEFAULT_OUTPUT_FLOOR) -> int:
+    """Bytes of stdout past which a test is ``output limit exceeded``."""
+    return max(floor, 2 * expected_size(test) + 4096)
+
+
 def judge(
-    test: TestCase, result: SandboxResult, float_tolerance: float | FloatRule | None = DEFAULT_FLOAT_TOLERANCE
+    test: TestCase,
+    result: SandboxResult,
+    float_tolerance: float | FloatRule | None = DEFAULT_FLOAT_TOLERANCE,
+    *,
+    output_floor: int = DEFAULT_OUTPUT_FLOOR,
 ) -> TestOutcome:
     """The verdict on one test from what the program did (the same whether it ran alone or in a batch)."""
-    too_long = len(result.stdout.encode("utf-8", errors="replace")) > 2 * expected_size(test) + 4096
+    too_long = len(result.stdout.encode("utf-8", errors="replace")) > output_limit(test, output_floor)
     if result.stdout_truncated or result.stderr_truncated or too_long:  # killed for it, or past the limit
         return TestOutcome(OUTPUT_LIMIT, result.stdout[:2000], result.stderr, result.exit_code)
     if result.timed_out or result.signal == SIGXCPU:  # the wall clock or the CPU limit

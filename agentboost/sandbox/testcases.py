@@ -103,7 +103,8 @@ async def run_test_case(
     float_tolerance: float | FloatRule | None = DEFAULT_FLOAT_TOLERANCE,
 ) -> TestOutcome:
     """One test in a sandbox of its own."""
-    return judge(test, await _run_alone(sandbox, code, test, timeout_s), float_tolerance)
+    result = await _run_alone(sandbox, code, test, timeout_s)
+    return judge(test, result, float_tolerance, output_floor=sandbox.config.stdout_cap)
 
 
 async def run_test_cases(
@@ -211,7 +212,7 @@ async def _run_batched(
 
         def on_result(k: int, result: SandboxResult, members: list[int] = members) -> bool:
             nonlocal stopped
-            outcome = judge(tests[members[k]], result, float_tolerance)
+            outcome = judge(tests[members[k]], result, float_tolerance, output_floor=sandbox.config.stdout_cap)
             outcomes[members[k]] = outcome
             stopped = stopped or (stop_after_timeout and outcome.verdict == TIMEOUT)
             return stopped
