@@ -234,9 +234,10 @@ def test_as_an_ordinary_user_batched_verdicts_equal_single_ones_and_no_gold_is_i
 def test_output_limit_is_decided_on_the_host_with_the_same_floor_as_before(box) -> None:
     """A program may print up to ``stdout_cap`` (64 KiB) whatever the expected size, and twice a long
     expected output; past both it is ``output limit exceeded``, batched or not."""
-    tests = [TestCase([], 1, kind="call", fn_name="f")]
+    tests = [TestCase([], 1, kind="call", fn_name="f")] * 2
+    printing = "def f():\n    print('x' * {})\n    return 1"
     for batch in (True, False):
-        chatty = asyncio.run(run_test_cases(box, "def f():\n    print('x' * 30000)\n    return 1", tests * 2, batch=batch))
-        flood = asyncio.run(run_test_cases(box, "def f():\n    print('x' * 200000)\n    return 1", tests * 2, batch=batch))
+        chatty = asyncio.run(run_test_cases(box, printing.format(30000), tests, batch=batch))
+        flood = asyncio.run(run_test_cases(box, printing.format(200000), tests, batch=batch))
         assert [o.verdict for o in chatty] == [PASSED, PASSED], chatty
         assert [o.verdict for o in flood] == ["output limit exceeded"] * 2, flood
