@@ -35,6 +35,7 @@ from .episode import Episode
 from .errors import ContextWindowFull, termination_of
 from .model import TokenModel
 from .types import DEFAULT_MASKED_TERMINATIONS, Budget, SamplingParams, Termination
+from .utils.clock import ChargedClock, run_charged
 
 logger = logging.getLogger(__name__)
 
@@ -272,12 +273,16 @@ async def run_episode(
     else:
         reward_started = time.monotonic()
         try:
-            output = await asyncio.wait_for(env.compute_reward(episode), timeout=budget.reward_timeout_s)
+            # Charged time: waiting for shared sandbox slots does not count. A reward that grades a program
+            # stops with a verdict within what is left (the code reward gives a too-slow program 0, trained
+            # on); one that still runs out of time failed for reasons outside the episode: masked.
+            clock = ChargedClock(budget.reward_timeout_s)
+            output = await run_charged(clock, env.compute_reward(episode))
         except asyncio.CancelledError:
             raise
-        except (TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.TimeoutError) as exc:
             termination = Termination.INFRA_ERROR
-            detail = f"reward function timed out after {budget.reward_timeout_s}s"
+            detail = f"reward function timed out ({exc or f'after {budget.reward_timeout_s}s'})"
             episode.masked = True
         except Exception as exc:
             termination, detail = Termination.INFRA_ERROR, f"reward function failed: {type(exc).__name__}: {exc}"

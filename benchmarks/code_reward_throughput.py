@@ -16,7 +16,7 @@ Problems: a stdin problem and a call-based one with ``--tests`` tests each, scor
 table gives the median time and the median (min-max) of the per-round speed-ups. The machine and its load
 average before and after are printed: the machine may be shared.
 
-    python benchmarks/code_reward_throughput.py [--tests 200] [--rounds 2] [--today-rev 08e645d] [--quick]
+    python benchmarks/code_reward_throughput.py [--tests 200] [--rounds 2] [--today-rev b14b9f6] [--quick]
         [--json benchmarks/results/code_reward_throughput.json] [--png assets/code_reward_throughput.png]
 """
 

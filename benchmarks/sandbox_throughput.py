@@ -7,13 +7,15 @@ what the sandbox adds. Three ways run the same snippets at the same concurrency:
   unsandboxed code tool does), no isolation at all;
 * started: ``SandboxConfig(zygote=False)``: every run starts the launcher (namespaces, fresh root,
   rlimits, uid) and then its own interpreter (the path before the zygote);
-* zygote: the default sandbox: every run is forked from a warm interpreter and gets the same layers.
+* zygote: the default sandbox: every run is forked from a warm interpreter and gets the same layers;
+* main@REV (with ``--today-rev REV``): the default sandbox of the package as it is at git revision REV
+  (``git archive`` into a temporary directory, run in a worker process), to compare with in the same run.
 
 Rounds rotate which way goes first; ratios are taken within a round (the machine may be shared) and
 reported as median (min-max) over rounds, with the load average before and after.
 
     python benchmarks/sandbox_throughput.py [--n 60] [--rounds 3] [--concurrency 1 2] [--quick]
-        [--json benchmarks/results/sandbox_throughput.json] [--png assets/sandbox_throughput.png]
+        [--today-rev b14b9f6] [--json benchmarks/results/sandbox_throughput.json] [--png assets/sandbox_throughput.png]
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from agentboost.sandbox import Sandbox, SandboxConfig
 
+REPO = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("sandbox_throughput")
 
 SNIPPETS = {
@@ -55,6 +59,56 @@ async def bare(code: str, stdin: str) -> None:
 async def sandboxed(box: Sandbox, code: str, stdin: str) -> None:
     result = await box.run(code, stdin=stdin)
     assert result.ok and result.stdout, result
+
+
+class Remote:
+    """The default sandbox as it is at a git revision, in a worker process (a package of its own on PYTHONPATH)."""
+
+    def __init__(self, rev: str) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="agentboost-at-")
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "agentboost"], capture_output=True,
+                                 check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", self._dir.name], input=archive, check=True)
+        env = {**os.environ, "PYTHONPATH": self._dir.name}
+        self._proc = subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env, cwd=self._dir.name)  # fmt: skip
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().split() != ["ready", str(Path(self._dir.name, "agentboost"))]:
+            raise RuntimeError(f"the worker for {rev} did not start right")
+
+    async def rate(self, snippet: str, n: int, concurrency: int) -> float:
+        return await asyncio.to_thread(self._rate, snippet, n, concurrency)
+
+    def _rate(self, snippet: str, n: int, concurrency: int) -> float:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"{snippet} {n} {concurrency}\n")
+        self._proc.stdin.flush()
+        return float(self._proc.stdout.readline())
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+        self._dir.cleanup()
+
+
+def worker() -> None:
+    """``--worker``: runs/s of the snippet each stdin line names (``snippet n concurrency``) in this
+    interpreter's ``agentboost`` (an older one on PYTHONPATH), default sandbox; one line per request."""
+    import agentboost
+
+    box = Sandbox(SandboxConfig())
+    box.isolation()
+    print(f"ready {Path(agentboost.__file__).parent}", flush=True)
+    for line in sys.stdin:
+        name, n, concurrency = line.split()
+        stdin = STDIN if name == "stdin" else ""
+        code = SNIPPETS[name]
+        runs_per_s = asyncio.run(
+            rate(lambda code=code, stdin=stdin: sandboxed(box, code, stdin), int(n), int(concurrency))
+        )
+        print(runs_per_s, flush=True)
+    box.close()
 
 
 async def rate(fn: Callable[[], Awaitable[None]], n: int, concurrency: int) -> float:
@@ -84,9 +138,11 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-async def measure(n: int, rounds: int, concurrencies: list[int]) -> dict[str, object]:
+async def measure(n: int, rounds: int, concurrencies: list[int], today_rev: str | None = None) -> dict[str, object]:
     started_box = Sandbox(SandboxConfig(zygote=False))
     zygote_box = Sandbox(SandboxConfig())
+    remote = await asyncio.to_thread(Remote, today_rev) if today_rev else None
+    ways = (*WAYS, "main") if remote is not None else WAYS
     try:
         await asyncio.to_thread(started_box.isolation)
         iso = await asyncio.to_thread(zygote_box.isolation)
@@ -101,6 +157,7 @@ async def measure(n: int, rounds: int, concurrencies: list[int]) -> dict[str, ob
             "namespaces": iso["namespaces"],
             "n": n,
             "rounds": rounds,
+            "today_rev": today_rev,
             "rows": [],
         }
         rows: list[dict[str, object]] = []
@@ -114,11 +171,17 @@ async def measure(n: int, rounds: int, concurrencies: list[int]) -> dict[str, ob
             for c in concurrencies:
                 for fn in fns.values():
                     await rate(fn, 4, c)  # warm caches
-                per_round: dict[str, list[float]] = {way: [] for way in WAYS}
+                if remote is not None:
+                    await remote.rate(name, 4, c)
+                per_round: dict[str, list[float]] = {way: [] for way in ways}
                 for r in range(rounds):
-                    order = WAYS[r % 3 :] + WAYS[: r % 3]
+                    order = ways[r % len(ways) :] + ways[: r % len(ways)]
                     for way in order:
-                        per_round[way].append(await rate(fns[way], n, c))
+                        if way == "main":
+                            assert remote is not None
+                            per_round[way].append(await remote.rate(name, n, c))
+                        else:
+                            per_round[way].append(await rate(fns[way], n, c))
                 row = {
                     "snippet": name,
                     "concurrency": c,
@@ -133,12 +196,22 @@ async def measure(n: int, rounds: int, concurrencies: list[int]) -> dict[str, ob
                         [z / s for z, s in zip(per_round["zygote"], per_round["started"], strict=True)]
                     ),
                 }
+                if remote is not None:
+                    row["main_runs_per_s"] = statistics.median(per_round["main"])
+                    row["main_vs_bare"] = _spread(
+                        [m / b for m, b in zip(per_round["main"], per_round["bare"], strict=True)]
+                    )
+                    row["zygote_vs_main"] = _spread(
+                        [z / m for z, m in zip(per_round["zygote"], per_round["main"], strict=True)]
+                    )
                 rows.append(row)
                 logger.info("%s", row)
         report["rows"] = rows
         report["load_after"] = _load()
         return report
     finally:
+        if remote is not None:
+            remote.close()
         zygote_box.close()
         started_box.close()
 
@@ -165,6 +238,13 @@ def table(report: dict[str, object]) -> str:
             + " | ".join(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" for r in ratios)
             + " |"
         )
+    if report.get("today_rev"):
+        lines += ["", f"| snippet | concurrency | main@{report['today_rev']} runs/s | main / bare | zygote / main |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for row in report["rows"]:  # type: ignore[attr-defined]
+            ratios = [row[k] for k in ("main_vs_bare", "zygote_vs_main")]
+            cells = " | ".join(f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})" for r in ratios)
+            lines.append(f"| {row['snippet']} | {row['concurrency']} | {row['main_runs_per_s']:.1f} | {cells} |")
     return "\n".join(lines)
 
 
@@ -178,11 +258,14 @@ def plot(report: dict[str, object], path: Path) -> None:
     rows = report["rows"]  # type: ignore[assignment]
     labels = [f"{r['snippet']}\nx{r['concurrency']}" for r in rows]
     fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=100)
-    width = 0.27
-    colors = {"bare": "#9e9e9e", "started": "#e07b39", "zygote": "#2e7d32"}
-    for k, way in enumerate(WAYS):
+    ways = (*WAYS, "main") if report.get("today_rev") else WAYS
+    width = 0.8 / len(ways)
+    colors = {"bare": "#9e9e9e", "started": "#e07b39", "zygote": "#2e7d32", "main": "#6a8caf"}
+    names = {"main": f"main@{report.get('today_rev')}"}
+    for k, way in enumerate(ways):
         values = [r[f"{way}_runs_per_s"] for r in rows]
-        bars = ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=way, color=colors[way])
+        xs = [i + (k - (len(ways) - 1) / 2) * width for i in range(len(rows))]
+        bars = ax.bar(xs, values, width, label=names.get(way, way), color=colors[way])
         if way == "zygote":
             for bar, r in zip(bars, rows, strict=True):
                 ax.annotate(f"{r['zygote_vs_bare']['median']:.1f}x", (bar.get_x() + width / 2, bar.get_height()),
@@ -204,14 +287,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, os.cpu_count() or 2])
     parser.add_argument("--quick", action="store_true", help="--n 20 --rounds 3, the print snippet only")
+    parser.add_argument("--today-rev", help="also measure the default sandbox as it is at this git revision")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--png", type=Path, help="draw them here")
     args = parser.parse_args()
+    if args.worker:
+        worker()
+        return
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if args.quick:
         args.n = 20
         SNIPPETS.pop("stdin")
-    report = asyncio.run(measure(args.n, args.rounds, args.concurrency))
+    report = asyncio.run(measure(args.n, args.rounds, args.concurrency, args.today_rev))
     print(table(report))  # the benchmark's output
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -80,7 +80,8 @@ def test_functional_string_inputs_are_one_json_value_per_line() -> None:
     prep = _script("examples/deepcoder/prepare_deepcoder_data.py")
     [case] = prep.normalise_tests([{"input": "[1, 2]\n3", "output": "1", "testtype": "functional",
                                     "metadata": {"func_name": "f"}}])  # fmt: skip
-    assert case == {"input": [[1, 2], 3], "output": "1", "testtype": "functional", "fn_name": "f"}
+    # LiveCodeBench stores functional outputs as JSON text, as its inputs: decoded once, here (grading.py)
+    assert case == {"input": [[1, 2], 3], "output": 1, "testtype": "functional", "fn_name": "f"}
     with pytest.raises(ValueError):
         prep.normalise_tests({"inputs": ["1"], "outputs": []})
 

@@ -155,7 +155,7 @@ async def test_call_results_need_the_same_json_type() -> None:
 
     cases = [
         (True, "return 1", 0.0), (True, "return True", 1.0), ([3], "return 3", 0.0), ([3], "return [3]", 1.0),
-        (2.5, "return 2.5000000001", 1.0), ('"3"', "return 3", 0.0), ('"3"', "return '3'", 1.0),
+        (2.5, "return 2.5000000001", 1.0), ("3", "return 3", 0.0), ("3", "return '3'", 1.0),
     ]  # fmt: skip
     for output, body, expected in cases:
         episode = await play([fence(f"def f():\n    {body}")], problem=problem(output))
@@ -175,3 +175,42 @@ async def test_a_slow_program_stops_the_suite_after_its_first_timeout() -> None:
     assert episode.reward == 0.0 and metrics["verdict_time_limit_exceeded"] == 1.0
     assert metrics["tests_passed"] + metrics.get("verdict_not_run", 0) / 40 == pytest.approx(39 / 40)
     assert time.monotonic() - started < 30
+
+
+# --- issue 22: the masking rule applied to the code reward ---------------------------------------------
+async def test_a_program_too_slow_for_its_suite_scores_zero_and_is_trained_on() -> None:
+    """Finding 11: a wrong program that sleeps just under the per-test limit on every test never times
+    out a test; the suite's budget (what is left of the reward's) ends it with a verdict: reward 0, the
+    episode trained on, not masked as an infrastructure failure."""
+    from agentboost.types import Budget
+
+    tests = [{"input": f"{i}\n", "output": f"{i}\n"} for i in range(26)]
+    slow = "import time\ntime.sleep(0.9)\nprint(-1)"
+    settings = RolloutSettings(budget=Budget(reward_timeout_s=4.0))
+    episode = await play([fence(slow)], problem={"prompt": "p", "tests": tests}, settings=settings)
+    assert episode.termination.value == "completed" and not episode.masked, episode.termination_detail
+    assert episode.reward == 0.0 and episode.reward_metrics.get("verdict_suite_time_limit_exceeded", 0) >= 1
+
+
+async def test_waiting_for_a_sandbox_slot_does_not_use_up_the_rewards_time(monkeypatch) -> None:
+    """Finding 8: the reward's sandbox is busy for longer than the reward's whole budget (other episodes'
+    runs); the wait is not the reward's: a correct program still gets 1, and nothing is masked."""
+    import asyncio
+
+    from agentboost.sandbox import Sandbox, SandboxConfig
+    from agentboost.tools import strands_code_tool
+    from agentboost.types import Budget
+
+    box = Sandbox(SandboxConfig(slots=1, wall_s=10, cpu_s=10, memory_mb=256, max_processes=16))
+    monkeypatch.setattr(strands_code_tool, "_default", box)
+    try:
+        await asyncio.to_thread(box.isolation)
+        holder = asyncio.ensure_future(box.run("import time\ntime.sleep(3.5)", timeout_s=10))
+        await asyncio.sleep(0.3)
+        settings = RolloutSettings(budget=Budget(reward_timeout_s=2.0))
+        episode = await play([fence(GOOD)], settings=settings)
+        await holder
+    finally:
+        box.close()
+    assert not episode.masked and episode.termination.value == "completed", episode.termination_detail
+    assert episode.reward == 1.0

@@ -119,7 +119,7 @@ def test_more_runs_than_threads_finish_and_cancelled_waiters_return_their_slots(
         for task in waiting[::2]:
             task.cancel()
         await asyncio.gather(*waiting, return_exceptions=True)
-        return sum(r.ok for r in results), len(sandbox._free_slots)
+        return sum(r.ok for r in results), sandbox.slots.free
 
     ok, free = asyncio.run(scenario())
     assert ok == 60 and free == sandbox.config.slots
@@ -180,9 +180,12 @@ def test_cannot_kill_its_parent_or_anything_else(sandbox) -> None:
         assert result.ok, result  # its PID 1, the only process outside itself it can name, survived
 
 
-def test_output_is_capped(sandbox) -> None:
-    result = run(sandbox, "print('x' * 10_000_000)")
-    assert result.ok and result.stdout_truncated and len(result.stdout) == SandboxConfig().stdout_cap
+def test_output_is_capped_and_a_flood_ends_the_run(sandbox) -> None:
+    started = time.monotonic()
+    result = run(sandbox, "print('x' * 10_000_000)\nimport time\ntime.sleep(30)", timeout_s=20)
+    assert result.stdout_truncated and len(result.stdout) == SandboxConfig().stdout_cap
+    assert result.output_limited and not result.ok and result.signal == 9 and not result.timed_out
+    assert time.monotonic() - started < 15  # killed when it went past the cap, not at the wall clock
 
 
 def test_daemons_die_with_the_program(sandbox) -> None:
@@ -219,7 +222,7 @@ def test_stdin_and_call_tests(sandbox) -> None:
     tests = [
         TestCase("3\n1 2 3\n", "6"),
         TestCase("2\n5 5\n", "10"),
-        TestCase("[[1, 2, 3]]", "[3, 2, 1]", kind="call", fn_name="rev"),
+        TestCase([[1, 2, 3]], [3, 2, 1], kind="call", fn_name="rev"),
     ]
     code = "def rev(x):\n    return x[::-1]\nimport sys\nif __name__ == '__main__' and False: pass\n"
     stdin_code = "n = int(input())\nprint(sum(map(int, input().split())))"

@@ -132,7 +132,7 @@ CASES = {
 
 def _seen(outcomes) -> list[tuple]:
     """Verdicts and what was compared, working-directory names (random per run) and pids replaced."""
-    return [(o.verdict, re.sub(r"/\S*/run-[0-9a-f]+/", "<W>/", o.got)) for o in outcomes]
+    return [(o.verdict, re.sub(r"/\S*/run-[0-9a-f-]+/", "<W>/", o.got)) for o in outcomes]
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -15,13 +15,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from agentboost.sandbox import Sandbox, SandboxConfig
-from agentboost.sandbox import sandbox as sandbox_module
+from agentboost.sandbox import report as report_module
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -50,6 +49,19 @@ print(json.dumps({"isolation": box.isolation()}), flush=True)
 role = sys.argv[1]
 
 
+leased = box._lease_uid
+
+
+async def lease_and_say(slot):  # the long run holds its uid from here on: the test says go to the short worker
+    lease = await leased(slot)
+    if role == "long":
+        print(json.dumps({"leased": lease.uid}), flush=True)
+    return lease
+
+
+box._lease_uid = lease_and_say
+
+
 async def main():
     if role == "long":
         return [await box.run("import time\\ntime.sleep(3)\\nprint('survived')", timeout_s=30)]
@@ -75,7 +87,7 @@ def test_other_processes_runs_do_not_kill_a_running_program(tmp_path: Path) -> N
         assert long.stdout is not None and short.stdout is not None and short.stdin is not None
         long_isolation = json.loads(long.stdout.readline())["isolation"]
         json.loads(short.stdout.readline())
-        time.sleep(0.5)  # the long program is running now
+        assert "leased" in json.loads(long.stdout.readline())  # the long program holds its uid now
         short.stdin.write("go\n")
         short.stdin.flush()
         short_out, short_err = short.communicate(timeout=60)
@@ -85,7 +97,7 @@ def test_other_processes_runs_do_not_kill_a_running_program(tmp_path: Path) -> N
             if proc.poll() is None:
                 proc.kill()
     shorts = _json_lines(short_out)
-    [survivor] = _json_lines(long_out)
+    [survivor] = [r for r in _json_lines(long_out) if "leased" not in r]
     assert len(shorts) == 12 and all(r["ok"] for r in shorts), short_err
     assert survivor["ok"] and survivor["stdout"] == "survived\n", (survivor, long_err)
     assert survivor["uid"] not in {r["uid"] for r in shorts}
@@ -233,13 +245,13 @@ def test_an_interpreter_under_tmp_runs_with_and_without_the_zygote(copies: bool,
 def test_without_a_fresh_root_the_hidden_paths_stay_covered_and_the_gap_is_named(caplog, monkeypatch) -> None:
     """Where the deny-by-default root cannot be built, runs fall back to the deny-list (every hidden path
     covered) and the missing layer is named at WARNING."""
-    monkeypatch.setattr(sandbox_module, "_logged", set())
+    monkeypatch.setattr(report_module, "_logged", set())
     gold = _gold_dir()
     root = Path(tempfile.mkdtemp(prefix="agentboost-box-", dir="/var/tmp"))
     try:
         box = Sandbox(SandboxConfig(root=str(root), hidden_paths=(str(gold),)))
         box._stage.rmdir()  # no mount point for the fresh root: the kernel refuses it, as on a machine without
-        with caplog.at_level(logging.INFO, logger=sandbox_module.__name__):
+        with caplog.at_level(logging.INFO, logger=report_module.__name__):
             iso = box.isolation()
         if iso["mount_namespace"] is False:
             pytest.skip(f"no mount namespace on this machine: {iso}")
@@ -321,12 +333,12 @@ def test_ordinary_user_gets_the_same_layers_and_cannot_read_the_dataset() -> Non
 
 # --- the report --------------------------------------------------------------------------------------
 def test_isolation_reports_every_layer_and_warns_once_naming_the_missing_ones(caplog, monkeypatch) -> None:
-    monkeypatch.setattr(sandbox_module, "_logged", set())
+    monkeypatch.setattr(report_module, "_logged", set())
     config = SandboxConfig(isolate_network=False, pid_namespace=False)
-    with caplog.at_level(logging.INFO, logger=sandbox_module.__name__):
+    with caplog.at_level(logging.INFO, logger=report_module.__name__):
         partial = Sandbox(config).isolation()
         Sandbox(config).isolation()  # same situation, same process: not logged again
-    layers = [*sandbox_module.LAYERS, *sandbox_module.NOT_PROVIDED]
+    layers = [*report_module.LAYERS, *report_module.NOT_PROVIDED]
     assert all(isinstance(partial[k], bool) for k in layers), partial
     assert partial["network_namespace"] is False and partial["pid_namespace"] is False
     assert partial["private_proc"] is False and partial["seccomp"] is False
@@ -335,9 +347,9 @@ def test_isolation_reports_every_layer_and_warns_once_naming_the_missing_ones(ca
     assert "network_namespace: the program has this host's network" in warnings[0]
     assert "pid_namespace:" in warnings[0] and "private_proc:" in warnings[0]
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger=sandbox_module.__name__):
+    with caplog.at_level(logging.INFO, logger=report_module.__name__):
         full = Sandbox().isolation()
-    missing = [k for k in sandbox_module.LAYERS if full[k] is False]
+    missing = [k for k in report_module.LAYERS if full[k] is False]
     messages = [(r.levelno, r.getMessage()) for r in caplog.records]
     if not missing:
         assert [level for level, _ in messages] == [logging.INFO] and "all layers active" in messages[0][1]
@@ -345,4 +357,4 @@ def test_isolation_reports_every_layer_and_warns_once_naming_the_missing_ones(ca
         assert [level for level, _ in messages] == [logging.WARNING]
         assert all(f"{k}:" in messages[0][1] for k in missing)
     if not IS_ROOT and full["pid_namespace"]:
-        assert missing == ["unprivileged_uid"] and "PID namespace is what stops it" in messages[0][1]
+        assert set(missing) <= {"unprivileged_uid", "cgroup"} and "PID namespace is what stops it" in messages[0][1]

@@ -13,8 +13,13 @@ Rules (each closes a way the reward of the system we replace could be gamed):
   gets 0, exactly like one that passes none. Exception: once a test exceeds the time limit the
   rest are not run (the reward is 0 anyway) and count as not passed, so ``tests_passed`` is then a
   lower bound. A problem with more than ``MAX_TESTS`` tests is refused (an error, never truncated).
-* Reals in the expected output are compared within the task's ``float_tolerance`` (default 1e-6;
-  ``null``: exact).
+* The whole suite has a budget: what is left of the reward's own (``Budget.reward_timeout_s``, as the
+  episode runner's clock says, minus a margin), else ``SUITE_BUDGET_S``; time waiting for a sandbox slot
+  is not charged. A program too slow to finish its suite within it gets 0 (its remaining tests are
+  ``suite time limit exceeded``): a slow program is the policy's doing, scored, never masked.
+* Expected values are compared with the type the dataset stores, integers exactly, reals (only where
+  the expected value is one) by the task's ``float_tolerance`` or else its source benchmark's rule
+  (:mod:`agentboost.sandbox.grading`).
 * Nothing about tool use enters the reward: calling the test tool (once or a hundred times) can
   neither add to nor substitute for a correct final program.
 * A program's exit status is not a verdict: outputs are compared with the expected outputs, so an
@@ -28,13 +33,27 @@ import re
 from typing import Any
 
 from ..episode import Episode
-from ..sandbox.testcases import DEFAULT_FLOAT_TOLERANCE, TestCase, run_test_cases
+from ..sandbox.grading import float_rule_for
+from ..sandbox.testcases import TestCase, run_test_cases
 from ..types import RewardOutput
+from ..utils.clock import current_clock
 from .answer import final_answer_text, strip_reasoning
 
 MAX_TESTS = 1000
 """A problem with more hidden tests is refused (the data preparation drops such problems)."""
 MAX_PROGRAM_CHARS = 100_000
+SUITE_BUDGET_S = 50.0
+"""The suite's budget when no episode runner's clock is given (the default reward timeout is 60 s)."""
+
+
+def suite_budget() -> float:
+    """What is left of the reward's budget, minus a margin for stopping cleanly (module doc)."""
+    clock = current_clock()
+    if clock is None:
+        return SUITE_BUDGET_S
+    left = clock.remaining()
+    return max(0.1, left - min(5.0, max(0.5, 0.1 * left)))
+
 
 _FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 
@@ -78,9 +97,8 @@ async def code_reward(task: dict[str, Any], episode: Episode) -> RewardOutput:
     if program is None or len(program) > MAX_PROGRAM_CHARS:
         metrics = {"has_program": 0.0, "tests_passed": 0.0, "completed": float(completed)}
         return RewardOutput(0.0, metrics=metrics, is_correct=False)
-    tolerance = task.get("float_tolerance", DEFAULT_FLOAT_TOLERANCE)
-    outcomes = await run_test_cases(default_sandbox(), program, tests, float_tolerance=tolerance,
-                                    stop_after_timeout=True)  # fmt: skip
+    outcomes = await run_test_cases(default_sandbox(), program, tests, float_tolerance=float_rule_for(task),
+                                    stop_after_timeout=True, budget_s=suite_budget())  # fmt: skip
     passed = sum(o.passed for o in outcomes)
     ok = passed == len(tests)
     verdicts: dict[str, float] = {}

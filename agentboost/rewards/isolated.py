@@ -6,8 +6,9 @@ of libraries such as math-verify rely on ``signal.alarm``, which only works on t
 rewards here run on event-loop threads.
 
 :class:`IsolatedRunner` keeps ``max_workers`` long-lived ``spawn`` processes. A call waits for an
-idle worker (the wait does not count against its timeout), sends it the function and arguments, and
-waits at most ``timeout_s`` for the answer. A worker that overruns is killed and replaced; one that
+idle worker (the wait does not count against its timeout, nor against the reward's budget: the episode
+runner's :class:`~agentboost.utils.clock.ChargedClock` is paused meanwhile), sends it the function and
+arguments, and waits at most ``timeout_s`` for the answer. A worker that overruns is killed and replaced; one that
 dies (a crash in native code, the OOM killer) is replaced. Either way only that call fails
 (:class:`TimeoutError` / :class:`WorkerDied`); other calls, queued or running, are not touched.
 """
@@ -27,6 +28,8 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
+
+from ..utils.clock import current_clock
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +115,22 @@ class IsolatedRunner:
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         """``fn(*args)`` in a child process. Raises ``TimeoutError`` past ``timeout_s`` (counted from
         when a worker takes the call), :class:`WorkerDied` if the child dies, or ``fn``'s exception."""
-        worker = self._idle.get()
+        clock = current_clock()  # (the caller's, through asyncio.to_thread's context)
+        if clock is not None:
+            clock.waiting(+1)
+        try:
+            worker = self._idle.get()
+        finally:
+            if clock is not None:
+                clock.holding(+1)
+                clock.waiting(-1)
+        try:
+            return self._call(worker, fn, args, timeout_s)
+        finally:
+            if clock is not None:
+                clock.holding(-1)
+
+    def _call(self, worker: _Worker | None, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
         keep: _Worker | None = None
         try:
             if self._closed:

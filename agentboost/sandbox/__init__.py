@@ -1,5 +1,6 @@
 """Isolated execution of untrusted code (see :mod:`agentboost.sandbox.sandbox`)."""
 
-from .sandbox import Sandbox, SandboxConfig, SandboxResult, SandboxUnavailable
+from .config import SandboxConfig, SandboxResult, SandboxUnavailable
+from .sandbox import Sandbox
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxResult", "SandboxUnavailable"]

@@ -5,24 +5,34 @@ Stdlib only and cheap to start (``marshal``, not ``json``: importing ``json`` al
 rest of the launcher). It runs before anything untrusted and must not import agentboost. All setup is in
 :func:`prepare`, which also works in a freshly forked child (a pre-forked zygote). In order:
 
-1. new network, mount and PID namespaces, in one ``unshare``: directly as root, else inside a new user
-   namespace (unprivileged user namespaces), where this uid is mapped to itself;
+0. into the run's own cgroups (``cgroup``: it writes ``0`` to each ``cgroup.procs``), so every process of
+   the run counts against the run's memory, process and CPU limits; a new session keyring of its own (the
+   trainer's, with its tokens, is out of reach from here on);
+1. new network, mount, PID, IPC and UTS namespaces, in one ``unshare``: directly as root, else inside a new
+   user namespace (unprivileged user namespaces), where this uid is mapped to itself; the hostname
+   becomes ``sandbox``;
 2. PID namespace: the launcher forks; the child is PID 1 of the namespace (when it exits, the kernel
    kills everything left in it). Exit statuses are passed up unchanged;
 3. mount namespace, deny-by-default (``fs``): an empty tmpfs becomes the root (``pivot_root``); into it
    go the plan's read-only binds (interpreter, standard library, shared libraries; see
    :mod:`agentboost.sandbox.rootfs`), ``/dev/{null,zero,full,random,urandom}``, a private ``/tmp`` and
-   ``/dev/shm``, a private ``/proc`` (with the PID namespace) and the working directory (read-write);
-   then the root is made read-only. A read-only bind remount keeps the source's nosuid/nodev/noexec
+   ``/dev/shm``, a private ``/proc`` (with the PID namespace) and the working directory: a tmpfs of its
+   own (size- and inode-limited like ``/tmp``) into which the staged files are copied; then the root is
+   made read-only. A read-only bind remount keeps the source's nosuid/nodev/noexec
    (read with ``statvfs``): inside a user namespace the kernel refuses to clear those locked flags.
    Without ``fs``, or if building it fails: the host's tree with private tmpfs over ``/tmp``,
-   ``/var/tmp``, ``/dev/shm`` and an empty read-only tmpfs over each ``hidden`` directory (deny-list);
+   ``/var/tmp``, ``/dev/shm``, the working directory (its files copied in) and an empty read-only tmpfs
+   over each ``hidden`` directory (deny-list);
 4. PID namespace: PID 1 forks the program as PID 2 (PID 1 ignores default-action signals such as the
    CPU limit's SIGXCPU, so the program must not be PID 1) and reaps every orphan until the program exits;
-   with a ``report_fd`` (zygote runs) it then kills what is left and reports the exit status there;
+   with a ``report_fd`` it then kills what is left and reports the program's wait status there
+   (``b"X"`` + 4 bytes: an exit status and a death by signal stay apart, unlike ``128 + N``);
 5. resource limits (CPU seconds, address space, file size, open files, processes, no core dumps);
-6. as root: drop to the run's own uid/gid (``uid``); always: clear every capability (a zygote child has
-   no ``execve`` to do it; in a user namespace it holds them all) and ``no_new_privs``;
+6. as root: drop to the run's own uid/gid (``uid``), then enter a user namespace of its own where that uid
+   is mapped to itself, so its user keyrings are the namespace's (new, gone with the run: nothing another
+   run of that uid left; where the kernel refuses, they are cleared instead); always: clear every
+   capability (a zygote child has no ``execve`` to do it; in a user namespace it holds them all) and
+   ``no_new_privs``;
 7. ``exec`` the interpreter on the program in the working directory (:func:`main`); in a zygote child the
    program runs in the prepared process instead (:mod:`agentboost.sandbox._zygote`).
 
@@ -42,6 +52,8 @@ import sys
 
 MARK = "agentboost-sandbox:"
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
@@ -63,7 +75,12 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"))  # fmt: skip
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217}
-NAMESPACES = ((CLONE_NEWNET, "net"), (CLONE_NEWNS, "mount"), (CLONE_NEWPID, "pid"))
+NAMESPACES = ((CLONE_NEWNET, "net"), (CLONE_NEWNS, "mount"), (CLONE_NEWPID, "pid"), (CLONE_NEWIPC, "ipc"),
+              (CLONE_NEWUTS, "uts"))  # fmt: skip
+KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "ppc64": 271, "s390x": 280}
+KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_CLEAR = 1, 7
+KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING = -4, -5
+HOSTNAME = b"sandbox"
 PRIVATE_DIRS = ("/tmp/", "/dev/shm/")
 """Host paths under these lie inside the fresh root's private tmpfs mounts (workdir, a venv in /tmp)."""
 
@@ -84,6 +101,7 @@ class _MountAttr(ctypes.Structure):
 
 
 _libc.signal.argtypes, _libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+_libc.syscall.restype = ctypes.c_long
 
 
 def _note(what):
@@ -116,6 +134,52 @@ def _user_namespace(flags):
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
+def _keyctl(*args):
+    number = KEYCTL.get(os.uname().machine)
+    if number is None:
+        raise OSError(38, "keyctl: unknown system call number on this architecture")
+    result = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"keyctl: {os.strerror(errno)}")
+    return result
+
+
+def _new_session_keyring():
+    """A new, empty, anonymous session keyring (``keyctl join``): the one inherited is out of reach."""
+    try:
+        _keyctl(KEYCTL_JOIN_SESSION_KEYRING, 0)
+    except OSError as exc:
+        if exc.errno != 38:  # no keyrings in this kernel: nothing to share either
+            _note(f"no-session-keyring {exc}")
+
+
+def _own_user_keyrings(uid):
+    """As root, after dropping to the run's uid: a user namespace of its own, so the user keyrings the
+    program finds are new (another run of this uid, earlier or later, never sees them); else clear them."""
+    try:
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its /proc files are its own again (credentials changed)
+        _user_namespace(0)
+        return
+    except OSError as exc:
+        _note(f"no-user-keyring-namespace {exc}")
+    for keyring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        try:
+            _keyctl(KEYCTL_CLEAR, keyring)
+        except OSError:
+            pass
+
+
+def _join_cgroups(files):
+    """Move this process into the run's cgroups (before anything else: every process it starts follows)."""
+    for path in files:
+        try:
+            _write(path, "0")
+        except OSError as exc:
+            _note(f"no-cgroup {path}: {exc}")
+            return
 
 
 def _enter_namespaces(cfg, root):
@@ -167,7 +231,10 @@ def _close_stdio():
 def _reap_until(program, report):
     """PID 1: reap every process re-parented to it (orphans of the program) until the program exits; then
     kill whatever it left (only this PID namespace's processes: PID 1 is never signalled by kill(-1)) and,
-    given a ``report`` socket, send the exit status there at once (the namespace's teardown is slower)."""
+    given a ``report`` socket, send the exit status there at once (the namespace's teardown is slower).
+    Not dumpable: its ``/proc`` entries (descriptors, the report channel) are out of the program's reach,
+    whichever uid it runs as."""
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     while True:
         pid, status = os.wait()
         if pid == program:
@@ -179,7 +246,7 @@ def _reap_until(program, report):
         except OSError:
             pass  # nothing left
         try:
-            os.write(report, b"X" + code.to_bytes(4, sys.byteorder, signed=True))
+            os.write(report, b"X" + status.to_bytes(4, "little", signed=True))
         except OSError:
             pass  # the host stopped listening (it killed the run)
     os._exit(code)
@@ -280,7 +347,38 @@ def _bind_and_hide(stage, binds, hides):
         _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
 
 
-def _fresh_root(fs, workdir, proc):
+def _tmpfs_options(fs, mode):
+    return f"size={fs['tmp_mb']}m,nr_inodes={fs.get('max_files', 4096)},mode={mode}"
+
+
+def _staged(workdir):
+    """The staged files of the working directory: (name, bytes, mode), read before it is covered."""
+    files = []
+    for name in os.listdir(workdir):
+        path = workdir + "/" + name
+        with open(path, "rb") as fh:
+            files.append((name, fh.read(), os.fstat(fh.fileno()).st_mode & 0o777))
+    return files
+
+
+def _private_workdir(target, files, fs, uid):
+    """A size- and inode-limited tmpfs at ``target`` holding ``files`` (owned by ``uid`` as root)."""
+    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "700"))
+    for name, data, mode in files:
+        fd = os.open(target + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if uid is not None:
+                os.fchown(fd, uid, uid)
+        finally:
+            os.close(fd)
+    if uid is not None:
+        os.chown(target, uid, uid)
+
+
+def _fresh_root(fs, workdir, proc, uid):
     """Build the deny-by-default root (see the module doc, step 3) and switch into it. The stage is new
     and empty, so its skeleton (mount points, links) is made without looking; the read-only binds go in
     first and are made read-only together, then what stays writable (devices, /tmp, /dev/shm, workdir).
@@ -308,7 +406,7 @@ def _fresh_root(fs, workdir, proc):
         for path in binds:
             _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
     for directory in ("/tmp", "/dev/shm"):
-        _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={fs['tmp_mb']}m,mode=1777")
+        _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "1777"))
     if private:  # inside the private tmpfs just mounted; each bind made read-only on its own
         private_binds, private_hides = _lay_out(stage, skeleton, private)
         _bind_and_hide(stage, private_binds, private_hides)
@@ -319,7 +417,7 @@ def _fresh_root(fs, workdir, proc):
         _bind("/dev/" + name, stage + "/dev/" + name, MS_NOSUID | MS_NOEXEC)
     if in_tmp:
         skeleton.dir(stage + workdir)  # inside the private /tmp just mounted
-    _bind(workdir, stage + workdir, MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _private_workdir(stage + workdir, _staged(workdir), fs, uid)
     if proc:
         try:
             _mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
@@ -334,10 +432,20 @@ def _fresh_root(fs, workdir, proc):
 
 
 def _deny_list(cfg, proc):
-    """The host's tree with private temporary directories and the ``hidden`` directories covered."""
+    """The host's tree with private temporary directories, a private working directory and the ``hidden``
+    directories covered."""
+    limits = {"tmp_mb": cfg.get("tmp_mb", 64), "max_files": cfg.get("max_files", 4096)}
+    workdir = cfg["workdir"]
+    files = _staged(workdir)
     for target in cfg.get("private_dirs", []):
         if os.path.isdir(target):
-            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg.get('tmp_mb', 64)}m,mode=1777")
+            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, _tmpfs_options(limits, "1777"))
+    try:
+        if not os.path.isdir(workdir):  # under a private /tmp just mounted (non-root): made again there
+            os.makedirs(workdir, 0o700)
+        _private_workdir(workdir, files, limits, cfg.get("uid") if os.geteuid() == 0 else None)
+    except OSError as exc:
+        _note(f"no-workdir-tmpfs {exc}")
     for target in cfg.get("hidden", []):
         try:
             if os.path.isdir(target):
@@ -366,14 +474,22 @@ def prepare(cfg):
     root = os.geteuid() == 0
     os.umask(0o022)
     _die_with_parent()
+    _join_cgroups(cfg.get("cgroup", ()))
+    _new_session_keyring()
     got = _enter_namespaces(cfg, root)
     _die_with_parent()  # again: changing credentials (a user namespace) may clear it
+    if got & CLONE_NEWUTS:
+        try:
+            _check(_libc.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
+        except OSError as exc:
+            _note(f"no-hostname {exc}")
     if got & CLONE_NEWPID:
         child = os.fork()
         if child:
             _close_stdio()
             _wait_and_exit(child)
         _die_with_parent()
+    uid = cfg.get("uid") if root else None
     if got & CLONE_NEWNS:
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
@@ -383,12 +499,14 @@ def prepare(cfg):
             built = False
             if cfg.get("fs"):
                 try:
-                    _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID))
+                    _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
                     built = True
                 except OSError as exc:
                     _note(f"no-fresh-root {exc}")
             if not built:
                 _deny_list(cfg, bool(got & CLONE_NEWPID))
+    else:
+        _note("no-workdir-tmpfs no mount namespace")
     report = cfg.get("report_fd")
     if got & CLONE_NEWPID:
         # PID 1 stays a reaper the program cannot stop: from inside, the kernel drops every signal PID 1
@@ -410,16 +528,18 @@ def prepare(cfg):
         except (ValueError, OSError) as exc:
             _note(f"no-{name} {exc}")
 
-    uid = cfg.get("uid")
-    if uid is not None and root:
+    if uid is not None:
         try:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
         except OSError as exc:
             _note(f"no-uid-drop {exc}")
+        else:
+            _own_user_keyrings(uid)
     _die_with_parent()  # again: changing credentials clears it
-    _drop_capabilities()
+    if not cfg.get("keep_capabilities"):  # (the batch harness keeps those of its own user namespace)
+        _drop_capabilities()
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(cfg["workdir"])

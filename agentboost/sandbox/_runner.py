@@ -14,9 +14,9 @@ the interpreter state the program sees the one a fresh start gives, the same for
 * Python's SIGINT handler back in place (the launcher's PID 1 ignored SIGINT at the C level).
 
 :func:`run` then compiles and executes the program the way the interpreter runs a script: an uncaught
-exception is printed by ``sys.excepthook`` without any frame of ours and gives status 1 (130 for
-``KeyboardInterrupt``, which the launcher reports as death by SIGINT anyway); ``SystemExit`` gives its
-code. :func:`finish` ends the process as the interpreter's finalisation does for the program's objects
+exception is printed by ``sys.excepthook`` without any frame of ours and gives status 1
+(``KeyboardInterrupt``: the process dies by SIGINT, as the interpreter makes it); ``SystemExit`` gives
+its code. :func:`finish` ends the process as the interpreter's finalisation does for the program's objects
 (threads, atexit, flushing, ``__del__`` of module globals) without walking the zygote's memory: in a fork
 that walk copies nearly every page on write, which cost more than the rest of a run.
 
@@ -64,6 +64,10 @@ def enter(baseline, script, argv, orig_argv, env):
     return main, shared
 
 
+class _DieBy(int):
+    """A status that means: end by this signal (not an exit code, which it could be mistaken for)."""
+
+
 def run(main, code=None):
     """Execute the script of ``main`` (or the already compiled ``code`` of it) in ``main``'s namespace and
     return the exit status the interpreter would exit with (see the module doc)."""
@@ -80,7 +84,7 @@ def run(main, code=None):
         tb = tb.tb_next if tb is not None and tb.tb_frame.f_code is run.__code__ else tb
         exc.__traceback__ = tb  # the hook prints the exception's own traceback
         sys.excepthook(type(exc), exc, tb)
-        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+        return _DieBy(2) if isinstance(exc, KeyboardInterrupt) else 1  # the interpreter dies by SIGINT then
     return 0
 
 
@@ -117,9 +121,17 @@ def finish(status, shared):
     ``shared``: ids of the modules the program found loaded (the interpreter's own, shared with the
     zygote): their globals are left alone, which saves copying every page of the zygote's memory on write.
     """
+    signals = sys.modules["_signal"]
     try:
         status = _finalise(status, shared)
     finally:
+        if isinstance(status, _DieBy):  # as the interpreter does after an uncaught KeyboardInterrupt
+            try:
+                signals.signal(status, signals.SIG_DFL)
+                os.kill(os.getpid(), status)
+            except BaseException:
+                pass
+            os._exit(128 + status)
         os._exit(status & 0xFF)
 
 

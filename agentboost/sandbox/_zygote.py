@@ -16,7 +16,7 @@ socket on 3, closes every other descriptor and returns to the boot code, which r
 program ends up as PID 2 of its own PID namespace, without descriptor 3) and then the program in that
 process (:mod:`_runner`, without ``exec``: that is the interpreter start saved). The zygote sends the
 child's pid and a pidfd on the status socket (the host kills through the pidfd: no pid reuse race). PID 1
-of the run's namespace reports the program's exit status there (``X``) once the program exited and what
+of the run's namespace reports the program's wait status there (``X``) once the program exited and what
 it left is killed, before the namespaces are torn down; the zygote sends the child's own wait status
 (``S``) when it exits (what the host goes by when it killed the run first) and closes the socket.
 
@@ -64,6 +64,7 @@ def _send(fd, payload, pass_fd=None):
 def serve(control_fd):
     """Serve run requests until the host goes away. Returns only in a forked child: its configuration."""
     control = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, control_fd)
+    _launcher._new_session_keyring()  # not the trainer's (each run joins a new one of its own anyway)
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
     control.send(b"ready")
     poller = select.poll()
@@ -75,7 +76,7 @@ def serve(control_fd):
                 pid, status_fd = children.pop(fd)
                 poller.unregister(fd)
                 _, status = os.waitpid(pid, 0)
-                _send(status_fd, b"S" + status.to_bytes(4, sys.byteorder, signed=True))
+                _send(status_fd, b"S" + status.to_bytes(4, "little", signed=True))
                 os.close(status_fd)
                 os.close(fd)
                 continue

@@ -4,19 +4,28 @@ Why: a code reward runs the final program on every hidden test, up to hundreds; 
 test pays the sandbox's start-up per test. A harness pays it once per session and forks one child per
 input inside the sandbox, which then starts from the state a fresh interpreter has.
 
-What each input gets, as in a single run: a fresh program (module state, ``sys``, environment, signal
-handlers; the harness's own imports are out of sight), its stdin, its own wall-clock limit (from its fork),
-its CPU-time limit (a child's CPU time starts at 0), its stdout cap (the child is killed as soon as it
-writes more) and stderr cap, and the launcher's exit-status convention (``128 + N`` for signal N). After
-each input every other process of the sandbox is killed and the working directory, ``/tmp`` and
-``/dev/shm`` are put back as the program found them. Differences from single runs: the program's parent is
-the harness and its pid varies; call-based programs start with ``json`` imported (see the harness doc).
+What each input gets, as in a single run (see the harness doc): a fresh working directory, ``/tmp`` and
+``/dev/shm`` (new tmpfs mounts: nothing an earlier input did to files, their times, modes, extended
+attributes or inode numbers can be found), a new IPC namespace and session keyring, a fresh program
+(module state, ``sys``, environment, signal handlers; the harness's own imports are out of sight), its
+stdin, its own wall-clock limit (from its fork), its CPU-time limit (a child's CPU time starts at 0), the
+stdout and stderr caps (the program is killed as soon as it writes more), and its wait status as such.
+After each input every other process of the sandbox is killed. Nothing derived from an input's expected
+output reaches the harness: the stdout cap is the same for every input. Differences from single runs:
+the program's parent is the harness and its pid varies; hash seed, address layout, network namespace and
+cgroup are the session's (the cgroup holds the harness too: ``SESSION_MB`` more); call-based programs
+start with ``json`` imported (see the harness doc).
 
-Where: only where the sandbox has a PID namespace with a private ``/proc`` and a private ``/tmp``
-(:func:`batch_available`, checked once per sandbox with a real batch); elsewhere callers run one sandbox per
-input. Trust: the harness shares the sandbox with the program, which could tamper with it, so its reports
-are parsed as untrusted bytes. An input whose report is missing, malformed or later than its limit plus a
-margin is run again on its own (``single``) and the harness is replaced: a program gains nothing by it.
+Where: only where the sandbox has a PID namespace with a private ``/proc`` and a private ``/tmp``, and the
+harness can give each input its fresh mounts (:func:`batch_available`, checked once per sandbox with a
+real batch); elsewhere callers run one sandbox per input. Trust: the harness shares the sandbox with the
+program, which could tamper with it, so its reports are parsed as untrusted bytes. An input whose report
+is missing, malformed or later than its limit plus a margin is run again on its own (``single``) and the
+harness is replaced: a program gains nothing by it.
+
+Fairness: a session holds one of the sandbox's slots; between two inputs it gives the slot up when another
+owner waits with fewer (:meth:`~agentboost.sandbox.slots.Slots.should_yield`), and its worker queues
+again for one.
 """
 
 from __future__ import annotations
@@ -35,14 +44,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sandbox import Sandbox, SandboxResult, _CappedReader, _inside, _Run, _signal_of
+from .config import SandboxResult
+from .paths import inside
+from .process import CappedReader
+from .sandbox import Sandbox, _Run
+from .status import ExitStatus
 
 logger = logging.getLogger(__name__)
 
 HARNESS = ".harness.py"
 PER_SESSION = 128
 """Inputs per harness session (its own CPU-time limit covers its bookkeeping for this many)."""
-_TIMED_OUT, _OUT_CUT, _ERR_CUT = 1, 2, 4
+_TIMED_OUT, _OUT_CUT, _ERR_CUT, _SETUP_FAILED = 1, 2, 4, 8
 _HEADER = 4 + 4 + 1 + 4
 _available: weakref.WeakKeyDictionary[Sandbox, bool] = weakref.WeakKeyDictionary()
 _available_lock = threading.Lock()
@@ -51,7 +64,6 @@ _available_lock = threading.Lock()
 @dataclass(frozen=True)
 class BatchInput:
     stdin: str
-    stdout_cap: int
 
 
 class _Anomaly(Exception):
@@ -60,10 +72,16 @@ class _Anomaly(Exception):
 
 @functools.cache
 def harness_source() -> str:
-    """The harness with the runner inlined (one stdlib-only file for the sandbox's working directory)."""
+    """The harness with the launcher and the runner inlined (one stdlib-only file for the sandbox's
+    working directory)."""
     here = Path(__file__).parent
     harness = (here / "_harness.py").read_text(encoding="utf-8")
     runner = (here / "_runner.py").read_text(encoding="utf-8")
+    launcher = (here / "_launcher.py").read_text(encoding="utf-8")
+    launcher = launcher[: launcher.rindex('if __name__ == "__main__":')]
+    start = harness.index("from _launcher import (")
+    end = harness.index(")\n", start) + 2
+    harness = harness[:start] + launcher + "\n" + harness[end:]
     line = next(x for x in harness.splitlines(keepends=True) if x.startswith("from _runner import"))
     return harness.replace(line, runner + "\n", 1)
 
@@ -84,13 +102,13 @@ async def check_batches(sandbox: Sandbox) -> bool:
     why = f"no {', '.join(missing)}" if missing else None
     if why is None:
         program = "import sys\nprint(sys.stdin.read()[::-1], end='')\nsys.exit(3)"
-        inputs = [BatchInput("abc", 100), BatchInput("xyz", 100)]
+        inputs = [BatchInput("abc"), BatchInput("xyz")]
 
         async def alone(i: int) -> SandboxResult:
             raise _Anomaly(f"input {i} was not reported")
 
         try:
-            results = await run_batch(sandbox, program, inputs, timeout_s=20.0, single=alone)
+            results = await run_batch(sandbox, program, inputs, timeout_s=20.0, stdout_cap=100, single=alone)
             if [(r.stdout, r.exit_code) for r in results if r is not None] != [("cba", 3), ("zyx", 3)]:
                 why = f"a test batch gave {results!r}"
         except _Anomaly as exc:
@@ -109,6 +127,7 @@ async def run_batch(
     inputs: list[BatchInput],
     *,
     timeout_s: float,
+    stdout_cap: int,
     single: Callable[[int], Awaitable[SandboxResult]],
     on_result: Callable[[int, SandboxResult], bool] | None = None,
     preload_json: bool = False,
@@ -116,10 +135,11 @@ async def run_batch(
 ) -> list[SandboxResult | None]:
     """Run ``program`` (as ``main.py``) on every input; one result per input, in order.
 
+    ``stdout_cap``: bytes of stdout kept per input, the same for all (a program writing more is killed).
     ``single(i)`` runs input ``i`` on its own (inputs the harness failed to report). ``on_result(i, r)``
     sees every result as it comes; returning True stops the batch: inputs not finished are None.
     ``workers``: harness sessions at once (default: as many as CPU cores, at least 2, within the
-    sandbox's slots)."""
+    sandbox's slots). Cancelled or stopped, it releases every session it started before it returns."""
     if not inputs:
         return []
     results: list[SandboxResult | None] = [None] * len(inputs)
@@ -136,7 +156,7 @@ async def run_batch(
     async def worker() -> None:
         while queue and not stop.is_set():
             retry = await _session(sandbox, program, inputs, queue, record=record, stop=stop, timeout_s=timeout_s,
-                                   preload_json=preload_json)  # fmt: skip
+                                   stdout_cap=stdout_cap, preload_json=preload_json)  # fmt: skip
             if retry is not None and not stop.is_set():
                 record(retry, await single(retry))
 
@@ -166,27 +186,29 @@ async def _session(
     record: Callable[[int, SandboxResult], None],
     stop: asyncio.Event,
     timeout_s: float,
+    stdout_cap: int,
     preload_json: bool,
 ) -> int | None:
-    """One harness: inputs from ``queue`` until it is empty, ``PER_SESSION`` are done or ``stop``. Returns
-    the input it failed to report (to run alone), or None."""
+    """One harness: inputs from ``queue`` until it is empty, ``PER_SESSION`` are done, ``stop``, or its slot
+    is wanted by another owner. Returns the input it failed to report (to run alone), or None."""
     files = {HARNESS: harness_source(), "main.py": program}
     async with sandbox._session(files, script=HARNESS) as run:
         channel = _Channel(run)
-        diagnostics = _CappedReader(run.stderr, 16 * 1024)
+        diagnostics = CappedReader(run.stderr, 16 * 1024)
         try:
-            await channel.send(marshal.dumps(_setup(sandbox, run, timeout_s, preload_json)))
-            for _ in range(PER_SESSION):
+            await channel.send(marshal.dumps(_setup(sandbox, run, timeout_s, stdout_cap, preload_json)))
+            for n in range(PER_SESSION):
                 if not queue or stop.is_set():
                     return None
+                if n and run.lease is not None and sandbox.slots.should_yield(run.lease):
+                    return None  # another owner's turn: this worker queues again for a slot
                 i = queue.popleft()
-                item = inputs[i]
-                payload = {"i": i, "stdin": item.stdin.encode("utf-8", errors="replace"), "cap": item.stdout_cap}
+                payload = {"i": i, "stdin": inputs[i].stdin.encode("utf-8", errors="replace")}
                 try:
                     await channel.send(marshal.dumps(payload))
-                    limit = item.stdout_cap + sandbox.config.stderr_cap + _HEADER + 8
+                    limit = stdout_cap + sandbox.config.stderr_cap + _HEADER + 8
                     frame = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit)
-                    result = _parse(frame, i, item.stdout_cap, sandbox.config.stderr_cap, run.uid)
+                    result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid)
                 except _Anomaly as exc:
                     tail = diagnostics.data.decode("utf-8", errors="replace")[-500:]
                     logger.warning("sandbox batch harness failed input %d (%s) %s; running it alone", i, exc, tail)
@@ -198,22 +220,26 @@ async def _session(
             diagnostics.close()
 
 
-def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, preload_json: bool) -> dict[str, object]:
+def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, stdout_cap: int, preload_json: bool) -> dict[str, object]:
     workdir = str(run.workdir)
     iso = sandbox.isolation()
     if iso.get("deny_by_default_fs"):
-        clean = ["/tmp", "/dev/shm"]  # fresh tmpfs mounts in the program's own root
+        private = ["/tmp", "/dev/shm"]  # fresh tmpfs mounts in the program's own root
     else:  # the deny-list's private tmpfs mounts (not /tmp where the sandbox root lies there)
-        clean = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not _inside(str(sandbox._root), d)]
+        private = [d for d in ("/tmp", "/var/tmp", "/dev/shm") if not inside(str(sandbox._root), d)]
     python = sandbox._python or ""
     return {
         "script": f"{workdir}/main.py",
         "harness": f"{workdir}/{HARNESS}",
         "workdir": workdir,
-        "clean": clean,
+        "private_dirs": private,
+        "ipc": bool(iso.get("ipc_namespace")),
+        "tmp_mb": sandbox.config.tmp_mb,
+        "max_files": sandbox.config.max_files,
         "orig_argv": sandbox._program_argv(python, "main.py"),
         "env": sandbox._program_env(workdir),
         "timeout": timeout_s,
+        "stdout_cap": stdout_cap,
         "stderr_cap": sandbox.config.stderr_cap,
         "preload_json": preload_json,
     }
@@ -233,15 +259,17 @@ def _parse(frame: bytes, index: int, stdout_cap: int, stderr_cap: int, uid: int 
     if out_len > stdout_cap or out_end + 4 > len(frame):
         raise _Anomaly("bad stdout length")
     err_len = int.from_bytes(frame[out_end : out_end + 4], "little")
-    if err_len > stderr_cap or out_end + 4 + err_len != len(frame) or flags > 7:
+    if err_len > stderr_cap or out_end + 4 + err_len != len(frame) or flags > 15:
         raise _Anomaly("bad stderr length")
+    if flags & _SETUP_FAILED:
+        raise _Anomaly(f"no namespaces for the input: {frame[out_end + 4 :][-300:].decode(errors='replace')}")
     timed_out = bool(flags & _TIMED_OUT)
-    sig = _signal_of(status)
+    ended = ExitStatus.from_wait_status(status)
     return SandboxResult(
         stdout=frame[17:out_end].decode("utf-8", errors="replace"),
         stderr=frame[out_end + 4 :].decode("utf-8", errors="replace"),
-        exit_code=None if timed_out or sig is not None else status,
-        signal=sig,
+        exit_code=None if timed_out else ended.code,
+        signal=ended.signal,
         timed_out=timed_out,
         stdout_truncated=bool(flags & _OUT_CUT),
         stderr_truncated=bool(flags & _ERR_CUT),

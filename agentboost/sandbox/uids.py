@@ -4,13 +4,21 @@ Cleanup kills a run's stragglers by uid, so a uid must never be shared by two li
 different worker processes with the same ``SandboxConfig``. A lease is an exclusive ``flock`` on
 ``<lock dir>/<uid>.lock`` held for the run's lifetime; the kernel drops it when the holder closes it
 or dies, so a crashed worker never strands a uid. Root only (only root can switch uids).
+
+A uid (or gid: a run's gid is its uid) that belongs to an account of the host is never leased
+(:func:`host_account`: ``/etc/passwd`` and ``/etc/group`` read directly, and the name service asked with
+``getpwuid`` / ``getgrgid``): a run with a real account's uid could use that account's keyrings, files
+and processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import grp
 import os
+import pwd
 import signal
 import stat
 import tempfile
@@ -46,11 +54,39 @@ class UidLease:
             self._fd = -1
 
 
+@functools.cache
+def _listed(path: str) -> frozenset[int]:
+    """The ids in the third field of a passwd/group file."""
+    ids = set()
+    with contextlib.suppress(OSError), open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            fields = line.split(":")
+            if len(fields) > 2 and fields[2].strip().isdigit():
+                ids.add(int(fields[2]))
+    return frozenset(ids)
+
+
+@functools.lru_cache(maxsize=4096)
+def host_account(uid: int) -> bool:
+    """Whether ``uid`` is a user or group id of the host (files and the name service)."""
+    if uid in _listed("/etc/passwd") or uid in _listed("/etc/group"):
+        return True
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+            return True
+        except (KeyError, OverflowError):
+            continue
+    return False
+
+
 def try_lease(directory: Path, first: int, count: int, start: int = 0) -> UidLease | None:
-    """The first free uid of ``first .. first + count - 1``, trying from ``first + start``; None if all
-    are held."""
+    """The first free uid of ``first .. first + count - 1``, trying from ``first + start``, that no host
+    account has; None if all are held (or taken by the host)."""
     for i in range(count):
         uid = first + (start + i) % count
+        if host_account(uid):
+            continue
         fd = os.open(directory / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -6,7 +6,7 @@ from typing import Any
 
 from strands import tool
 
-from ..sandbox.sandbox import Sandbox
+from ..sandbox import Sandbox
 from .strands_code_tool import MAX_CODE_CHARS, default_sandbox
 
 MAX_OUTPUT_CHARS = 4000
@@ -43,7 +43,9 @@ def make_python_tool(*, sandbox: Sandbox | None = None, timeout_s: float = 10.0,
             parts.append(_clip(result.stdout))
         if result.stderr:
             parts.append("stderr:\n" + _clip(result.stderr))
-        if result.timed_out:
+        if result.output_limited:
+            parts.append("(killed: it wrote more output than is kept)")
+        elif result.timed_out:
             parts.append(f"(killed: exceeded {timeout_s:g}s)")
         elif result.exit_code not in (0, None):
             parts.append(f"(exit code {result.exit_code})")

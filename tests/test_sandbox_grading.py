@@ -1,0 +1,243 @@
+"""Grading (issue 22, findings 9, 10 and 12): expected values keep the dataset's types, integers are exact,
+reals follow the source benchmark's rule; batched verdicts equal single-run verdicts by construction; nothing
+derived from a gold answer is in the program's reach; exit statuses are what they are; forked runs do not
+share one hash seed.
+
+On b14b9f6: an expected ``"100"`` became 100 (the right program scored 0, a wrong one 1); a float 999 away
+from 1e9 passed for the integer 1e9; mtimes and extended attributes survived between the tests of one
+harness; the output cap ``2 * len(gold) + 4096`` sat on the program's own stack; ``sys.exit(152)`` was
+SIGXCPU; every forked run had the zygote's hash seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentboost.episode import Episode
+from agentboost.rewards.code import code_reward
+from agentboost.sandbox import Sandbox, SandboxConfig
+from agentboost.sandbox.testcases import ERROR, NOT_RUN, PASSED, TestCase, run_test_cases
+from agentboost.types import Termination
+from tests.sandbox_users import as_ordinary_user
+
+LIMITS = {"wall_s": 10, "cpu_s": 5, "memory_mb": 256, "max_processes": 16}
+
+
+@pytest.fixture(scope="module")
+def box():
+    sandbox = Sandbox(SandboxConfig(**LIMITS))
+    yield sandbox
+    sandbox.close()
+
+
+def _score(box: Sandbox, task: dict, program: str, monkeypatch: pytest.MonkeyPatch) -> float:
+    from agentboost.tools import strands_code_tool
+
+    monkeypatch.setattr(strands_code_tool, "_default", box)
+    text = f"Here it is.\n```python\n{program}\n```"
+    episode = Episode(id="grading", messages=[{"role": "assistant", "content": [{"text": text}]}],
+                      termination=Termination.COMPLETED)  # fmt: skip
+    return asyncio.run(code_reward(task, episode)).reward
+
+
+def _call(output, **extra) -> dict:
+    return {"tests": [{"input": [], "output": output, "testtype": "functional", "fn_name": "f"}], **extra}
+
+
+@pytest.mark.parametrize(
+    ("expected", "right", "wrong"),
+    [
+        ("100", "'100'", "100"),
+        ("true", "'true'", "True"),
+        ("null", "'null'", "None"),
+        ("[]", "'[]'", "[]"),
+        ("0", "'0'", "0"),
+    ],
+)
+def test_expected_strings_stay_strings(box, monkeypatch, expected, right, wrong) -> None:
+    """Finding 9: TACO and PrimeIntellect store return values (TACO's wrapping removed when prepared): a
+    string is a string, never JSON to be parsed again."""
+    assert _score(box, _call(expected), f"def f():\n    return {right}", monkeypatch) == 1.0
+    assert _score(box, _call(expected), f"def f():\n    return {wrong}", monkeypatch) == 0.0
+
+
+def test_livecodebench_functional_outputs_are_json_text_decoded_once(box, monkeypatch) -> None:
+    task = {"tests": [{"input": "[1, 5, 3]\n2", "output": "2", "testtype": "functional",
+                       "metadata": {"func_name": "f"}}]}  # fmt: skip
+    assert _score(box, task, "def f(xs, k):\n    return sum(x > k for x in xs)", monkeypatch) == 1.0
+    assert _score(box, task, "def f(xs, k):\n    return str(sum(x > k for x in xs))", monkeypatch) == 0.0
+
+
+def test_integers_are_exact_and_reals_follow_the_source_rule(box, monkeypatch) -> None:
+    """Finding 10: a float passes for an integer only when it equals it; reals (only where expected) by
+    the task's or its source benchmark's rule."""
+    assert _score(box, _call(10**9), "def f():\n    return 1e9 + 999", monkeypatch) == 0.0
+    assert _score(box, _call(10**9), "def f():\n    return 10 ** 9", monkeypatch) == 1.0
+    assert _score(box, _call(10**9), "def f():\n    return 1e9", monkeypatch) == 1.0  # equal, as Python says
+    assert _score(box, _call(2.5), "def f():\n    return 2.5000000001", monkeypatch) == 1.0
+    stdin = {"tests": [{"input": "", "output": "1000000000\n0.5\n"}]}
+    assert _score(box, stdin, "print(1000000999.0)\nprint(0.5)", monkeypatch) == 0.0
+    assert _score(box, stdin, "print(1000000000)\nprint(0.50000001)", monkeypatch) == 1.0  # default 1e-6
+    lcb = {**stdin, "data_source": "lcbv5"}  # LiveCodeBench compares decimals exactly
+    assert _score(box, lcb, "print(1000000000)\nprint(0.50000001)", monkeypatch) == 0.0
+    assert _score(box, lcb, "print(1000000000)\nprint('0.50')", monkeypatch) == 1.0
+    taco = {**stdin, "data_source": "taco"}  # TACO: numpy's isclose (rtol 1e-5, atol 1e-8)
+    assert _score(box, taco, "print(1000000000)\nprint(0.500004)", monkeypatch) == 1.0
+    assert _score(box, taco, "print(1000000000)\nprint(0.5001)", monkeypatch) == 0.0
+
+
+# --- finding 12: batched verdicts equal single runs, by construction ---------------------------------
+_STATE = """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+n = int(input())
+first = not os.listxattr(".") and not os.listxattr("main.py") and time.time() - os.stat("main.py").st_mtime < 60
+first = first and set(os.listdir("/tmp")) <= set(os.getcwd().split("/")[2:3])  # (the way to the workdir)
+first = first and os.stat("main.py").st_ino == os.stat(".").st_ino + 1  # the first file of a fresh tmpfs
+first = first and libc.shmget(0, 4096, 0o1000 | 0o600) == 0  # the first segment of a fresh IPC namespace
+print(n if first else "stale")
+for target in (".", "main.py", "/tmp"):  # what a test could leave for the next one
+    try:
+        os.setxattr(target, "user.seen", b"1")
+    except OSError:
+        pass
+os.utime("main.py", (0, 0))
+os.utime(".", (0, 0))
+for i in range(50):
+    open(f"/tmp/f{i}", "w").close()
+for _ in range(3):
+    if os.fork() == 0:
+        os._exit(0)
+"""
+
+
+def test_nothing_one_test_does_reaches_the_next_batched_or_not(box) -> None:
+    tests = [TestCase(f"{i}\n", f"{i}\n") for i in range(6)]
+    batched = asyncio.run(run_test_cases(box, _STATE, tests, timeout_s=5))
+    alone = asyncio.run(run_test_cases(box, _STATE, tests, timeout_s=5, batch=False))
+    assert [o.verdict for o in batched] == [o.verdict for o in alone] == [PASSED] * 6, (batched, alone)
+
+
+def _probe_for(expected: str) -> tuple[str, int]:
+    """A program that looks everywhere in its address space it can (frames, objects) for the gold answer
+    and for the cap b14b9f6 derived from it."""
+    cap = 2 * len(expected.encode()) + 4096
+    code = f"""
+import gc, sys
+CAP, GOLD = {cap}, {expected[:40]!r}
+seen, found = {{id(globals())}}, []  # (its own constants are no find)
+def look(value, depth=0):
+    if id(value) in seen or depth > 6:
+        return
+    seen.add(id(value))
+    if type(value) is int and value == CAP:
+        found.append("cap")
+    elif isinstance(value, (str, bytes)) and (GOLD in value if isinstance(value, str) else GOLD.encode() in value):
+        found.append("gold")
+    elif isinstance(value, dict):
+        for v in list(value.values()):
+            look(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in list(value):
+            look(v, depth + 1)
+frame = sys._getframe().f_back  # its callers' frames (the runner's, the harness's or the launcher's)
+while frame is not None:
+    look(dict(frame.f_locals))
+    look(frame.f_globals)
+    frame = frame.f_back
+for obj in gc.get_objects():
+    if isinstance(obj, dict):
+        look(obj)
+print("found " + ",".join(sorted(set(found))) if found else "clean")
+"""
+    return code, cap
+
+
+def test_no_gold_derived_value_is_in_the_programs_address_space(box) -> None:
+    gold = "YES\n" * 12000  # (48 KB: the cap b14b9f6 derived from it, 100096, was above its 64 KiB floor)
+    code, _ = _probe_for(gold)
+    tests = [TestCase(f"{i}\n", gold) for i in range(2)]
+    for batch in (True, False):
+        outcomes = asyncio.run(run_test_cases(box, code, tests, timeout_s=5, batch=batch))
+        assert [o.got.strip() for o in outcomes] == ["clean", "clean"], (batch, outcomes)
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "alone"])
+def test_an_exit_status_is_what_it_is(box, batch: bool) -> None:
+    """``sys.exit(152)`` is a runtime error with status 152, not SIGXCPU (128 + 24): the rest of the suite
+    still runs; a real CPU-limit death stays a time limit."""
+    code = "import sys\nn = int(input())\nif n == 1:\n    sys.exit(152)\nprint(n)"
+    tests = [TestCase(f"{i}\n", f"{i}\n") for i in range(3)]
+    outcomes = asyncio.run(run_test_cases(box, code, tests, timeout_s=5, stop_after_timeout=True, batch=batch))
+    assert [o.verdict for o in outcomes] == [PASSED, ERROR, PASSED] and outcomes[1].exit_code == 152, outcomes
+    assert NOT_RUN not in [o.verdict for o in outcomes]
+
+
+_SEEDS = (
+    "import asyncio, json\nfrom agentboost.sandbox import Sandbox, SandboxConfig\n"
+    "box = Sandbox(SandboxConfig(**{config!r}))\n"
+    "async def runs():\n"
+    "    return [await box.run(\"print(hash('agentboost'))\") for _ in range(8)]\n"
+    "seeds = [r.stdout for r in asyncio.run(runs())]\nzygote = box.isolation()['zygote']\nbox.close()\n"
+    "print(json.dumps({{'distinct': len(set(seeds)), 'zygote': zygote}}))\n"
+)
+
+
+@pytest.mark.parametrize("config", [{}, {"runs_per_zygote": 1}], ids=["default", "one-run-per-zygote"])
+def test_forked_runs_do_not_all_share_one_hash_seed(config: dict) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.sandbox_users import PRELUDE, REPO
+
+    script = PRELUDE.format(repo=str(REPO)) + _SEEDS.format(config=config)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, cwd="/tmp")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if not report["zygote"]:
+        pytest.skip("no zygote here: every run starts an interpreter of its own")
+    assert report["distinct"] >= (8 if config else 2), report  # default: a zygote forks at most 8 runs
+
+
+def test_as_an_ordinary_user_forked_runs_do_not_all_share_one_hash_seed() -> None:
+    report = as_ordinary_user(_SEEDS.format(config={"runs_per_zygote": 1}))
+    if not report["zygote"]:
+        pytest.skip("no zygote as an ordinary user here")
+    assert report["distinct"] == 8, report
+
+
+def test_as_an_ordinary_user_batched_verdicts_equal_single_ones_and_no_gold_is_in_reach() -> None:
+    gold = "YES\n" * 12000  # (48 KB: the cap b14b9f6 derived from it, 100096, was above its 64 KiB floor)
+    probe, _ = _probe_for(gold)
+    script = (
+        "import asyncio, json\nfrom agentboost.sandbox import Sandbox, SandboxConfig\n"
+        "from agentboost.sandbox.testcases import TestCase, run_test_cases\n"
+        "box = Sandbox(SandboxConfig(wall_s=10))\n"
+        f"STATE, PROBE, GOLD = {_STATE!r}, {probe!r}, {gold!r}\n"
+        "tests = [TestCase(f'{i}\\n', f'{i}\\n') for i in range(4)]\n"
+        "out = {}\n"
+        "for batch in (True, False):\n"
+        "    out[str(batch)] = [o.verdict for o in asyncio.run(run_test_cases(box, STATE, tests, batch=batch))]\n"
+        "    gold = [TestCase('0\\n', GOLD)]\n"
+        "    probed = asyncio.run(run_test_cases(box, PROBE, gold * 2, batch=batch))\n"
+        "    out['probe' + str(batch)] = [o.got.strip() for o in probed]\n"
+        "box.close()\nprint(json.dumps(out))\n"
+    )
+    report = as_ordinary_user(script)
+    assert report["True"] == report["False"] == [PASSED] * 4, report
+    assert report["probeTrue"] == report["probeFalse"] == ["clean", "clean"], report
+
+
+def test_output_limit_is_decided_on_the_host_with_the_same_floor_as_before(box) -> None:
+    """A program may print up to ``stdout_cap`` (64 KiB) whatever the expected size, and twice a long
+    expected output; past both it is ``output limit exceeded``, batched or not."""
+    tests = [TestCase([], 1, kind="call", fn_name="f")] * 2
+    printing = "def f():\n    print('x' * {})\n    return 1"
+    for batch in (True, False):
+        chatty = asyncio.run(run_test_cases(box, printing.format(30000), tests, batch=batch))
+        flood = asyncio.run(run_test_cases(box, printing.format(200000), tests, batch=batch))
+        assert [o.verdict for o in chatty] == [PASSED, PASSED], chatty
+        assert [o.verdict for o in flood] == ["output limit exceeded"] * 2, flood
