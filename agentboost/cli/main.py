@@ -7,7 +7,7 @@ import logging
 import sys
 
 from . import eval as eval_cmd
-from . import quickstart, rollout, view
+from . import export, prepare, quickstart, rollout, train, view
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,6 +18,9 @@ def main(argv: list[str] | None = None) -> int:
     quickstart.add_parser(sub)
     eval_cmd.add_parser(sub)
     view.add_parser(sub)
+    train.add_parser(sub)
+    export.add_parser(sub)
+    prepare.add_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),

@@ -1,0 +1,118 @@
+"""``agentboost train``: the built-in GRPO trainer on any environment and dataset, on a CPU or one GPU."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from ..train.configfile import add_config_arguments, resolve_options, to_yaml
+from ..train.recipe import FIELD_GROUPS, TrainOptions
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Train a Strands agent with GRPO on your environment and rows, on a CPU or one GPU: the quickstart's loop
+(agentboost quickstart is this command with a built-in task, model and warm start).
+
+  1. every row is checked to build its environment, and the model directory, tokenizer and chat template
+     are loaded, before anything is written;
+  2. --sft-data: supervised warm start on episodes (your model's successful rollouts as they are; a
+     frontier model's episodes, from --strands-model, rendered through this model's chat template and
+     replayed through your environment: distillation data, never an RL row);
+  3. held-out evaluation (pass@k with --eval-n samples), GRPO, held-out evaluation.
+
+In --run-dir: metrics.csv/jsonl, W&B (offline unless configured), TensorBoard, eval/{before,after}/
+(the evaluator's reports and episodes), curves.png, summary.json, checkpoint/ and warm_start/ (rerun the
+same command to resume, after Ctrl-C too), final_model/ (agentboost export makes it a Hugging Face
+directory vLLM serves). Every option is also a key of --config FILE.yaml.
+
+Examples:
+
+  # your tools and reward, named in each row (README "Train your own agent")
+  agentboost train --data tasks.jsonl --env agentboost.environments.strands_env:StrandsEnv \\
+      --model models/Qwen2.5-0.5B-Instruct --steps 20 --run-dir runs/train
+  # distil a frontier model's episodes first, then GRPO (two commands)
+  agentboost rollout --data tasks.jsonl --env agentboost.environments.strands_env:StrandsEnv --n 4 \\
+      --strands-model openai:gpt-4o-mini --out runs/teacher
+  agentboost train --data tasks.jsonl --env agentboost.environments.strands_env:StrandsEnv \\
+      --model models/Qwen2.5-0.5B-Instruct --sft-data runs/teacher --run-dir runs/distil-then-rl
+  # one GPU, LoRA, options from a file (its keys are the flags' names), pass@4 on held-out rows
+  agentboost train --config train.yaml --device cuda --lora-rank 16 --lr 1e-5 --eval-n 4
+  agentboost train --config train.yaml --print-config      # the resolved options, as YAML
+  agentboost export runs/train runs/train-hf               # a Hugging Face directory vLLM serves
+"""
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "train",
+        help="train a Strands agent with GRPO on any environment and dataset (CPU or one GPU)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_arguments(parser, TrainOptions, groups=FIELD_GROUPS)
+    parser.add_argument("--no-wandb", action="store_true", help="do not log to W&B (same as --wandb-project none)")
+    parser.set_defaults(func=run)
+
+
+def options_from_args(args: argparse.Namespace) -> TrainOptions:
+    values = resolve_options(args, TrainOptions)
+    if getattr(args, "no_wandb", False):
+        values["wandb_project"] = None
+    return TrainOptions(**values)
+
+
+def _error(code: int, message: str) -> int:
+    sys.stderr.write(f"agentboost train: error: {message}\n")
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train.recipe import train_plan
+
+    try:
+        options = options_from_args(args)
+        if args.print_config:
+            sys.stdout.write(to_yaml(options))
+            return 0
+        plan = train_plan(options)
+        if plan.check_resumable is not None:
+            plan.check_resumable(plan.run_dir)
+    except (ValueError, OSError) as exc:  # bad options, data, environment, model directory: the user's to fix
+        return _error(2, str(exc))
+    except ImportError as exc:
+        return _error(2, f'{exc} (agentboost train needs the local extra: pip install "agentboost[local]")')
+    return execute(plan, command="train")
+
+
+def execute(plan: Any, *, command: str) -> int:
+    """Run ``plan``; what fails once it runs is infrastructure (exit 3, one line; the traceback goes to
+    ``<run_dir>/error.log``); Ctrl-C exits 130 and says how to resume."""
+    from ..quickstart import format_summary
+    from ..train.run import format_run_summary, run_training
+
+    try:
+        summary = run_training(plan)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nagentboost {command}: interrupted; run the same command again to resume {plan.run_dir}\n")
+        return 130
+    except Exception as exc:  # a failure of the run itself, after every input was checked
+        log = Path(plan.run_dir) / "error.log"
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(traceback.format_exc())
+            where = f"; traceback in {log}"
+        except OSError:
+            where = ""
+        sys.stderr.write(f"agentboost {command}: error: the run failed: {type(exc).__name__}: {exc}{where}; "
+                         "rerun the same command to resume from the last checkpoint\n")  # fmt: skip
+        return 3
+    if command == "quickstart":
+        sys.stdout.write(format_summary(summary) + "\n")
+    else:
+        sys.stdout.write(format_run_summary(summary, title=f"{plan.title} (held-out rows)") + "\n")
+    return 0
