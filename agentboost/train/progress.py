@@ -2,7 +2,9 @@
 
 A phase whose length is known shows its total and tqdm's ETA. A phase that may end early (a warm start
 that stops at the first passing check) shows its ceiling as what it is, an upper bound: "300 of at most
-1500 steps", and the time left to that ceiling as "at most".
+1500 steps", and the time left to that ceiling as "at most". ETAs use the phase's average rate so far
+(tqdm's ``smoothing=0``): the warm start's checks and GRPO's evaluations come every N steps, and a
+recent-rate estimate swings with them.
 """
 
 from __future__ import annotations
@@ -21,5 +23,5 @@ def phase_bar(desc: str, total: int, *, unit: str, progress: bool, initial: int 
 
     return tqdm(
         total=total, initial=initial, desc=desc, unit=unit, disable=not progress, file=sys.stderr, dynamic_ncols=True,
-        bar_format=UPPER_BOUND_FORMAT if upper_bound else None,
+        bar_format=UPPER_BOUND_FORMAT if upper_bound else None, smoothing=0.0,
     )  # fmt: skip

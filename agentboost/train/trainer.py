@@ -43,6 +43,7 @@ from .grpo import group_advantages, policy_loss
 from .logprobs import output_logits_fn, response_logprobs
 from .metrics import MetricsLogger
 from .optim import MasterWeightAdamW
+from .progress import phase_bar
 
 logger = logging.getLogger(__name__)
 
@@ -352,8 +353,6 @@ class GRPOTrainer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self, *, resume: bool = True, progress: bool = True, desc: str = "GRPO") -> list[dict[str, Any]]:
-        from tqdm import tqdm
-
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume:
@@ -363,7 +362,7 @@ class GRPOTrainer:
         log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict(), wandb_mode=cfg.wandb_mode,
                             tensorboard=cfg.tensorboard)  # fmt: skip
         try:
-            bar = tqdm(total=cfg.steps, initial=self.step, desc=desc, unit="step", disable=not progress)
+            bar = phase_bar(desc, cfg.steps, unit="step", progress=progress, initial=self.step)
             while self.step < cfg.steps:
                 started = time.monotonic()
                 rows = self._next_rows()
