@@ -20,7 +20,8 @@ Supported stacks (:data:`STACKS`; anything else is refused, naming these):
   on a mismatch nothing is changed (``--force`` accepts unknown file contents of a supported version, never
   an unsupported version or a mixed pair). The vLLM version is compared with the pair's pin (a warning).
 * All targets are prepared and checked before the first write; files are replaced atomically and a
-  failure part-way restores the ones already written.
+  failure part-way (a write, removing a replaced file's stale bytecode, a backup) restores every file
+  already touched, the failing one included, and removes the backups that run wrote: all or nothing.
 * Idempotent: a target that carries the current block is left alone; one with an older block is
   brought up to date from its original bytes. The original is kept next to the file
   (``<file>.agentboost-orig``), written once and never overwritten.
@@ -30,13 +31,18 @@ Supported stacks (:data:`STACKS`; anything else is refused, naming these):
 * The adapters must import in a fresh interpreter (this ``sys.executable``, no ``PYTHONPATH``, cwd outside the
   checkout): rLLM and veRL processes started elsewhere (Ray workers) would otherwise run upstream code.
 * ``--revert`` restores the original bytes exactly (checked against the sha256 in the marker), dropping any
-  changes made after patching, whatever the installed versions; ``--check`` reports each target's state and
-  exits non-zero unless the pair is supported, all its targets are patched and current and the adapters import.
+  changes made after patching, whatever the installed versions; ``--check`` reports each target's state
+  (``clean``, ``unknown`` for an unpatched file that is not its release's upstream file, ``patched``,
+  ``outdated``, ``modified``, ``damaged``, ``missing``) and exits 1 unless the pair is supported, all its
+  targets are patched and current and the adapters import.
+* Exit statuses: 0 done, 1 ``--check`` found something to do, 2 refused (nothing changed), 3 a file could not
+  be read or written (every file written was restored); errors are single lines but for the diffs of edited files.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import hashlib
 import importlib.util
@@ -69,6 +75,12 @@ _SHOWN_LINES = 12
 _SHOWN_LINE_CHARS = 160
 
 
+EXIT_REFUSED = 2
+"""Exit status of a refusal (versions, hashes, edited files, an interpreter without agentboost): nothing changed."""
+EXIT_IO = 3
+"""Exit status of a file that could not be read or written: every file written was restored."""
+
+
 class PatchError(RuntimeError):
     pass
 
@@ -99,6 +111,8 @@ class Stack:
     """(dist, line): files of the stack that agentboost deliberately leaves alone, and why."""
     note: str = ""
     """Said when a target file is missing (a later commit that reports the same version)."""
+    same_version: str = ""
+    """Said when a target's sha256 is unknown: another release that reports the same version, and what to do."""
 
     def versions(self, dist: str) -> tuple[str, ...]:
         return {"rllm": self.rllm, "verl": self.verl}[dist]
@@ -135,6 +149,7 @@ def _stack(
     files: dict[tuple[str, str, str, str], str],
     unpatched: tuple[tuple[str, str], ...] = (),
     note: str = "",
+    same_version: str = "",
 ) -> Stack:
     """A stack whose targets carry the stack's versions, so a file's hash is only ever checked for its release."""
     versions = {"rllm": rllm, "verl": verl}
@@ -142,7 +157,7 @@ def _stack(
         Target(dist, versions[dist], module, relpath, adapter, known_sha256=(sha,))
         for (dist, module, relpath, adapter), sha in files.items()
     )
-    return Stack(name, rllm, verl, vllm, targets, unpatched, note)
+    return Stack(name, rllm, verl, vllm, targets, unpatched, note, same_version)
 
 
 STACKS: tuple[Stack, ...] = (
@@ -156,6 +171,11 @@ STACKS: tuple[Stack, ...] = (
             _TRAINER: "77b0a5c79cc0844e892dae9796eac79bea06953b8ca077113172f1e147069599",
             _SERVER: "731c21c4e240baf614ca256626f09f755360ade68e3d5fbd6669395d9e56095d",
         },
+        same_version=(
+            "rLLM's v0.2.1 tag reports the same version (0.2.1) as v0.2.1.post1, and its agent_execution_engine.py "
+            "differs: install the tag the adapters were written for (pip install "
+            "git+https://github.com/rllm-org/rllm.git@v0.2.1.post1), or rerun with --force to patch this file anyway"
+        ),
     ),
     _stack(
         "rLLM v0.3.0-pre + verl 0.7.1",
@@ -172,6 +192,11 @@ STACKS: tuple[Stack, ...] = (
         note=(
             "rLLM's main branch after the v0.3.0-pre tag also reports 0.3.0rc0 but removed AgentExecutionEngine "
             "and AgentPPOTrainer: install the tag (git+https://github.com/rllm-org/rllm.git@v0.3.0-pre)"
+        ),
+        same_version=(
+            "commits of rLLM after the v0.3.0-pre tag report the same version (0.3.0rc0): install the tag the "
+            "adapters were written for (pip install git+https://github.com/rllm-org/rllm.git@v0.3.0-pre), or rerun "
+            "with --force to patch this file anyway"
         ),
     ),
 )
@@ -430,7 +455,9 @@ def plan(located: Located, *, revert: bool, force: bool) -> Plan:
             f"{located.path} (sha256 {sha256(original)[:12]}...) is not the upstream file the adapter was written for"
         )
         if not force:
-            raise PatchError(note + "; rerun with --force to patch it anyway. Nothing was changed.")
+            hints = [st.same_version for st in stacks_for(target.dist, located.version) if st.same_version]
+            hint = f" ({hints[0]})" if hints else "; rerun with --force to patch it anyway"
+            raise PatchError(f"{note}: an edited file or another release{hint}. Nothing was changed.")
         logger.warning("%s; patching anyway (--force)", note)
     wanted = original + block_for(target, original)
     return Plan(located, state, original, None if data == wanted else wanted)
@@ -458,38 +485,88 @@ def _drop_bytecode(path: Path) -> None:
         pyc.unlink(missing_ok=True)
 
 
+class WriteFailed(PatchError):
+    """A write failed part-way; every file written before it was restored (the message says if one was not)."""
+
+
 def execute(plans: list[Plan], *, revert: bool) -> list[str]:
-    """Apply prepared plans all-or-nothing. Returns one line per target."""
+    """Apply prepared plans all-or-nothing. Returns one line per target.
+
+    A failure anywhere (a write, the removal of stale bytecode after a replace, a backup) restores every
+    target already touched, this one included, and removes the backups this run wrote, then raises
+    :class:`WriteFailed`; backups of reverted files are removed only once every file is restored."""
     for p in plans:
         if p.new is not None and not revert:
             compile(p.new, str(p.located.path), "exec")  # never leave a file that cannot import
-    done: list[tuple[Path, bytes]] = []
+    touched: list[tuple[Path, bytes]] = []
+    new_backups: list[Path] = []
     lines = []
+    current: Path | None = None
     try:
         for p in plans:
-            path = p.located.path
+            path = current = p.located.path
             assert path is not None
-            backup = path.with_name(path.name + BACKUP_SUFFIX)
+            backup = _backup_of(path)
             if p.new is None:
                 lines.append(f"{p.located.target.module}: already {'original' if revert else 'patched'} ({path})")
-                if revert:
-                    backup.unlink(missing_ok=True)
                 continue
-            if not revert and not backup.exists():
-                backup.write_bytes(p.original)  # written once, never overwritten
+            if not revert and (not backup.exists() or (p.state is State.CLEAN and backup.read_bytes() != p.original)):
+                backup.write_bytes(p.original)  # the original of this patch (a stale one beside a clean file goes)
+                new_backups.append(backup)
             before = path.read_bytes()
+            touched.append((path, before))  # before the write: a failure after os.replace is rolled back too
             _write_atomic(path, p.new)
-            done.append((path, before))
-            if revert:
-                if sha256(path.read_bytes()) != sha256(p.original):  # pragma: no cover - defensive
-                    raise PatchError(f"{path}: restored bytes do not match the original")
-                backup.unlink(missing_ok=True)
+            if revert and sha256(path.read_bytes()) != sha256(p.original):  # pragma: no cover - defensive
+                raise PatchError(f"{path}: restored bytes do not match the original")
             lines.append(f"{p.located.target.module}: {'restored' if revert else 'patched'} ({path})")
-    except BaseException:
-        for path, before in reversed(done):
-            _write_atomic(path, before)
+    except (OSError, PatchError) as exc:
+        unrestored = _roll_back(touched, new_backups)
+        why = f"{current}: {type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc)
+        if unrestored:
+            raise WriteFailed(
+                f"{'reverting' if revert else 'patching'} failed ({why}) and {', '.join(unrestored)} could not be "
+                "restored: restore it from its .agentboost-orig file or reinstall the package"
+            ) from exc
+        raise WriteFailed(f"{'reverting' if revert else 'patching'} failed ({why}); every file was restored. "
+                          "Nothing was changed.") from exc  # fmt: skip
+    except BaseException:  # Ctrl-C: still all or nothing
+        _roll_back(touched, new_backups)
         raise
+    if revert:
+        for p in plans:
+            assert p.located.path is not None
+            _backup_of(p.located.path).unlink(missing_ok=True)
     return lines
+
+
+def _backup_of(path: Path) -> Path:
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def _roll_back(touched: list[tuple[Path, bytes]], new_backups: list[Path]) -> list[str]:
+    """Restore ``touched`` files and remove ``new_backups``; returns the files that could not be restored
+    (their backups are kept). Stale bytecode is removed where possible: Python would not use it anyway (it
+    records the size of the source it was compiled from)."""
+    unrestored: list[str] = []
+    for path, before in reversed(touched):
+        try:
+            if path.read_bytes() != before:
+                try:
+                    _write_atomic(path, before)
+                except OSError:
+                    if path.read_bytes() != before:  # the bytes are back if only the bytecode removal failed
+                        raise
+            with contextlib.suppress(OSError):
+                _drop_bytecode(path)
+        except OSError as exc:
+            logger.error("could not restore %s: %s", path, exc)
+            unrestored.append(str(path))
+    keep = {_backup_of(Path(p)) for p in unrestored}
+    for backup in new_backups:
+        if backup not in keep:
+            with contextlib.suppress(OSError):
+                backup.unlink(missing_ok=True)
+    return unrestored
 
 
 _PROBE_SENTINEL = "agentboost-import-probe "
@@ -600,6 +677,10 @@ def _log_unpatched(stack: Stack | None, scope: tuple[str, ...]) -> None:
             logger.info("%s", line)
 
 
+UNKNOWN = "unknown"
+"""--check's state of an unpatched target whose contents are not the upstream file of its release."""
+
+
 def _check(installed: dict[str, str | None], scope: tuple[str, ...]) -> int:
     try:
         stack: Stack | None = select_stack({d: installed.get(d) for d in DISTS})
@@ -618,6 +699,13 @@ def _check(installed: dict[str, str | None], scope: tuple[str, ...]) -> int:
         else:
             parsed = parse(loc.target, loc.path.read_bytes())
             state, detail = parsed.state.value, parsed.detail
+            known = sha256(parsed.original) in loc.target.known_sha256
+            if stack is not None and parsed.state is State.CLEAN and not known:
+                state = UNKNOWN
+                detail = (f"{loc.path} is not the upstream file the adapter was written for (edited, or another "
+                          "release reporting the same version); applying needs --force")  # fmt: skip
+            elif stack is not None and parsed.state is State.PATCHED and not known:
+                detail = f"{loc.path}: the adapter sits on a file that is not its release's upstream one (--force)"
         ok = ok and state == State.PATCHED.value
         logger.info("%-55s %-9s %s %s", loc.target.module, state, loc.version or "-", loc.path or "")
         if detail:
@@ -659,7 +747,11 @@ def main(argv: list[str] | None = None) -> int:
     installed = {d: _installed_version(d) for d in DISTS}
 
     if args.check:
-        return _check(installed, scope)
+        try:
+            return _check(installed, scope)
+        except OSError as exc:
+            logger.error("apply_patches: %s: %s", type(exc).__name__, exc)
+            return EXIT_IO
 
     try:
         _refuse_missing(installed, scope, " --revert" if args.revert else "")
@@ -686,9 +778,15 @@ def main(argv: list[str] | None = None) -> int:
             raise PatchError("\n".join(errors))
         for line in execute(plans, revert=args.revert):
             logger.info("%s", line)
+    except WriteFailed as exc:
+        logger.error("apply_patches: %s", exc)
+        return EXIT_IO
     except PatchError as exc:
         logger.error("apply_patches: %s", exc)
-        return 2
+        return EXIT_REFUSED
+    except OSError as exc:  # reading a target or a backup: nothing was written yet
+        logger.error("apply_patches: %s: %s. Nothing was changed.", type(exc).__name__, exc)
+        return EXIT_IO
     return 0
 
 

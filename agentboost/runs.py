@@ -98,7 +98,8 @@ def failed_episode(spec: EpisodeSpec, termination: Termination, detail: str, **t
     return _marked(spec, episode)
 
 
-def _build_env_and_agent(spec: EpisodeSpec) -> tuple[Any, StrandsAgent]:
+def build_env_and_agent(spec: EpisodeSpec) -> tuple[Any, StrandsAgent]:
+    """The environment and agent of one episode, as every route builds them (the CLI's preflight too)."""
     env_cls = resolve(spec.agent.env)
     env = env_cls.from_dict({**spec.row, **spec.agent.env_args})
     agent = StrandsAgent(
@@ -121,7 +122,7 @@ async def run_spec(spec: EpisodeSpec) -> Episode:
         backend, template = built
         # Off the event loop: the first episode of a worker imports the user's modules, and user
         # code in from_dict may be slow; a blocked loop misses heartbeats and looks hung.
-        env, agent = await asyncio.to_thread(_build_env_and_agent, spec)
+        env, agent = await asyncio.to_thread(build_env_and_agent, spec)
     except asyncio.CancelledError:
         raise
     except Exception as exc:

@@ -53,3 +53,10 @@ def teacher(body: dict[str, Any]) -> Any:
         word = last_user_text(body).removeprefix("How many letters are in ").rstrip("?")
         return ChatReply(content="Let me count.", tool_calls=[{"name": "count_letters", "arguments": {"word": word}}])
     return ChatReply(content=results[-1])
+
+
+def make_agent(*, model: Any, tools: list[Any], task: dict[str, Any], **defaults: Any) -> Any:
+    """An agent factory (what ``--agent`` / ``AGENT_ARGS=agent_factory=...`` name)."""
+    from strands import Agent
+
+    return Agent(model=model, tools=tools, system_prompt="You count letters with the tool.", **defaults)

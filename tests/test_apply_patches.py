@@ -189,13 +189,21 @@ def test_outdated_block_is_upgraded_and_damaged_file_refused(tmp_path, monkeypat
         patching.plan(located, revert=False, force=True)
 
 
-def test_a_failed_write_rolls_back_the_targets_already_written(tmp_path, monkeypatch) -> None:
-    paths = make_tree(tmp_path)
-    originals = {rel: p.read_bytes() for rel, p in paths.items()}
-    plans = [
+def _plans(paths: dict[str, Path]) -> list[patching.Plan]:
+    return [
         patching.plan(patching.Located(t, v, paths[t.relpath]), revert=False, force=True)
         for t, v in zip(patching.STACKS[0].targets, ("0.2.1", "0.2.1", "0.6.1"), strict=True)
     ]
+
+
+def _backups(root: Path) -> list[Path]:
+    return sorted(root.rglob("*" + patching.BACKUP_SUFFIX))
+
+
+def test_a_failed_write_rolls_back_the_targets_already_written(tmp_path, monkeypatch) -> None:
+    paths = make_tree(tmp_path)
+    originals = {rel: p.read_bytes() for rel, p in paths.items()}
+    plans = _plans(paths)
     real = patching._write_atomic
     calls = {"n": 0}
 
@@ -206,11 +214,102 @@ def test_a_failed_write_rolls_back_the_targets_already_written(tmp_path, monkeyp
         real(path, data)
 
     monkeypatch.setattr(patching, "_write_atomic", flaky)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(patching.WriteFailed, match="disk full.*every file was restored"):
         patching.execute(plans, revert=False)
     monkeypatch.setattr(patching, "_write_atomic", real)
     for rel, path in paths.items():
         assert path.read_bytes() == originals[rel]
+    assert _backups(tmp_path) == []  # issue 23: the backups of that run stayed beside clean files
+
+
+@pytest.mark.parametrize("failing", [1, 2, 3])
+def test_a_failure_after_the_replace_rolls_that_file_back_too(tmp_path, monkeypatch, failing: int) -> None:
+    """Issue 23: removing the old bytecode (after os.replace) raised an OSError that left that file patched
+    while the others rolled back."""
+    paths = make_tree(tmp_path)
+    originals = {rel: p.read_bytes() for rel, p in paths.items()}
+    real = patching._drop_bytecode
+    calls = {"n": 0}
+
+    def flaky(path: Path) -> None:
+        calls["n"] += 1
+        if calls["n"] == failing:
+            raise PermissionError(13, "Permission denied", str(path.parent / "__pycache__"))
+        real(path)
+
+    monkeypatch.setattr(patching, "_drop_bytecode", flaky)
+    with pytest.raises(patching.WriteFailed, match="Permission denied.*every file was restored"):
+        patching.execute(_plans(paths), revert=False)
+    assert {rel: p.read_bytes() for rel, p in paths.items()} == originals
+    assert _backups(tmp_path) == []
+
+
+def test_a_failed_revert_keeps_every_file_patched_and_its_backup(tmp_path, monkeypatch) -> None:
+    paths = make_tree(tmp_path)
+    patching.execute(_plans(paths), revert=False)
+    patched = snapshot(tmp_path)
+    plans = [patching.plan(patching.Located(p.located.target, p.located.version, p.located.path), revert=True,
+                           force=False) for p in _plans(paths)]  # fmt: skip
+    real = patching._drop_bytecode
+    calls = {"n": 0}
+
+    def flaky(path: Path) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("read-only file system")
+        real(path)
+
+    monkeypatch.setattr(patching, "_drop_bytecode", flaky)
+    with pytest.raises(patching.WriteFailed, match="reverting failed"):
+        patching.execute(plans, revert=True)
+    assert snapshot(tmp_path) == patched  # backups included
+
+
+def test_a_write_failure_is_one_line_exit_3_and_changes_nothing(tmp_path) -> None:
+    """Through the script, as a user runs it: no traceback, nothing half-applied."""
+    make_tree(tmp_path)
+    engine = tmp_path / "rllm/engine/agent_execution_engine.py"
+    before = snapshot(tmp_path)
+    cache = engine.parent / "__pycache__"
+    cache.mkdir()
+    (cache / "agent_execution_engine.cpython-311.pyc").mkdir()  # unlink() of a directory: an OSError
+    (cache / "agent_execution_engine.cpython-311.pyc" / "x").write_text("")
+    result = run(tmp_path, "--force")
+    assert result.returncode == 3, result.stderr
+    assert "Traceback" not in result.stderr and "every file was restored" in result.stderr
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("apply_patches:")]
+    assert "agent_execution_engine" in error
+    assert snapshot(tmp_path) == before  # the targets as they were, and no backups
+
+
+def test_check_calls_an_edited_unpatched_file_unknown(tmp_path, monkeypatch, caplog) -> None:
+    """Issue 23: --check said "clean" for a target whose contents are not its release's upstream file."""
+    paths = make_tree(tmp_path)
+    known_upstream(monkeypatch, tmp_path, paths)
+    caplog.set_level(logging.INFO, logger="agentboost.patching")
+    assert patching.main(["--check"]) == 1
+    assert set(states(caplog).values()) == {"clean"}
+    engine = paths["rllm/engine/agent_execution_engine.py"]
+    engine.write_bytes(engine.read_bytes() + b"# edited by hand\n")
+    caplog.clear()
+    assert patching.main(["--check"]) == 1
+    assert states(caplog)["rllm.engine.agent_execution_engine"] == "unknown"
+    assert states(caplog)["rllm.trainer.verl.agent_ppo_trainer"] == "clean"
+    assert "applying needs --force" in caplog.text
+
+
+def test_the_v021_tag_is_refused_naming_post1_and_force(tmp_path, monkeypatch, caplog) -> None:
+    """Issue 23: rLLM's v0.2.1 tag reports 0.2.1 like v0.2.1.post1; its engine differs. The refusal says so."""
+    paths = make_tree(tmp_path)
+    known_upstream(monkeypatch, tmp_path, paths)
+    engine = paths["rllm/engine/agent_execution_engine.py"]
+    engine.write_bytes(engine.read_bytes().replace(b"fake rllm", b"fake rllm v0.2.1 tag"))
+    before = snapshot(tmp_path)
+    caplog.set_level(logging.INFO, logger="agentboost.patching")
+    assert patching.main([]) == 2
+    assert "v0.2.1 tag reports the same version (0.2.1) as v0.2.1.post1" in caplog.text
+    assert "@v0.2.1.post1" in caplog.text and "--force" in caplog.text
+    assert snapshot(tmp_path) == before
 
 
 def test_patched_module_still_imports_without_agentboost(tmp_path) -> None:

@@ -33,9 +33,11 @@ def test_rollout_embedded_default(tmp_path, capsys) -> None:
     assert {e.task_id for e in episodes} == {f"arith-rollout-0-{i}" for i in range(3)}
 
 
-def test_rollout_rejects_missing_data(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError):
-        main(["rollout", "--data", str(tmp_path / "missing.jsonl"), "--env", GENERIC_ENV])
+def test_rollout_rejects_missing_data(tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    code = main(["rollout", "--data", str(tmp_path / "missing.jsonl"), "--env", GENERIC_ENV, "--out", str(out)])
+    assert code == 2 and "missing.jsonl: no such file" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def _run_cli(args: list[str], tmp_path, *, limit_s: float = 90.0) -> subprocess.CompletedProcess:

@@ -70,9 +70,11 @@ def test_an_example_that_needs_data_says_so(tmp_path, capsys) -> None:
 
 
 def test_worker_memory_limit_reaches_the_pool(tmp_path) -> None:
-    """``--worker-memory-mb`` replaces a worker that outgrows it; its episode comes back as infra_error."""
+    """``--worker-memory-mb`` replaces a worker that outgrows it; its episode comes back as infra_error, and the
+    rollout says so and exits 3 (the other episode's result is kept)."""
     data = tmp_path / "tasks.jsonl"
-    data.write_text(json.dumps({"task_id": "mem", "prompt": 'CALL eat_memory {"mb": 1200}'}) + "\n")
+    data.write_text(json.dumps({"task_id": "mem", "prompt": 'CALL eat_memory {"mb": 1200}'}) + "\n"
+                    + json.dumps({"task_id": "fine", "prompt": "hello"}) + "\n")  # fmt: skip
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
@@ -82,7 +84,9 @@ def test_worker_memory_limit_reaches_the_pool(tmp_path) -> None:
          "--workers", "1", "--worker-memory-mb", "700", "--episode-timeout", "60"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    [line] = (out / "episodes.jsonl").read_text().splitlines()
-    episode = Episode.from_json(line)
-    assert episode.termination is Termination.INFRA_ERROR and "MB > limit 700 MB" in episode.termination_detail
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "agentboost rollout: 1 of 2 episodes ended in infra_error" in done.stderr and "Traceback" not in done.stderr
+    episodes = {e.task_id: e for e in map(Episode.from_json, (out / "episodes.jsonl").read_text().splitlines())}
+    assert episodes["mem"].termination is Termination.INFRA_ERROR
+    assert "MB > limit 700 MB" in episodes["mem"].termination_detail
+    assert episodes["fine"].termination is Termination.COMPLETED

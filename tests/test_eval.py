@@ -190,12 +190,19 @@ def test_eval_stops_at_once_when_every_episode_fails_and_clears_the_directory(tm
     data, out = tmp_path / "data.jsonl", tmp_path / "out"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows(6, seconds=0.0)))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    common = ["--env", "tests.eval_tools:LoggedEnv", "--data", str(data), "--n", "3", "--out", str(out),
+    common = ["--env", "tests.eval_tools:FlakyEnv", "--data", str(data), "--n", "3", "--out", str(out),
               "--backend", "py:tests.pool_tools:directed_backend", "--workers", "0", "--no-plots"]  # fmt: skip
-    broken = _run_eval([*common, "--tokenizer", str(tmp_path / "no-such-tokenizer")], env)
+    # a wrong tokenizer path is bad input, found before anything runs or is written
+    missing = _run_eval([*common, "--tokenizer", str(tmp_path / "no-such-tokenizer")], env)
+    assert missing.returncode == 2, missing.stderr[-2000:]
+    assert "tokenizer directory" in missing.stderr and "no-such-tokenizer" in missing.stderr
+    assert not out.exists()
+    # a failure that shows only while episodes run (the reward service is down for every task): stop, clear
+    broken = _run_eval([*common, "--tokenizer", "offline:qwen2.5"],
+                       {**env, "AGENTBOOST_TEST_FLAKY": ",".join(f"t{i}" for i in range(6))})  # fmt: skip
     assert broken.returncode == 3, broken.stderr[-2000:]
-    assert "ended in infra_error" in broken.stderr and "cleared" in broken.stderr
-    assert "tokenizer directory" in broken.stderr and "no-such-tokenizer" in broken.stderr
+    assert "the first 8 episodes ended in infra_error" in broken.stderr and "cleared" in broken.stderr
+    assert "reward service unreachable" in broken.stderr and "Traceback" not in broken.stderr
     assert not (out / "episodes.jsonl").exists() and not (out / "manifest.json").exists()  # only failures: cleared
     fixed = _run_eval([*common, "--tokenizer", "offline:qwen2.5"], env)  # other settings: not refused
     assert fixed.returncode == 0, fixed.stderr[-2000:]

@@ -34,8 +34,8 @@ def _rows_file(tmp_path: Path, rows: list[dict]) -> Path:
 def test_prepare_writes_both_routes_datasets_of_rows_that_build_their_env(tmp_path, capsys) -> None:
     rows = letter_env.rows()
     out = tmp_path / "data" / "letters"
-    argv = ["prepare", "--data", str(_rows_file(tmp_path, rows)), "--env", ENV, "--out", str(out),
-            "--system-prompt", "Count letters.", "--agent", "tests.letter_env:make_agent", "--register", "no"]  # fmt: skip
+    argv = ["prepare", "--data", str(_rows_file(tmp_path, rows)), "--env", ENV, "--out", str(out), "--system-prompt",
+            "Count letters.", "--agent", "tests.letter_env:make_agent", "--register", "no"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert f"every one builds {ENV}" in printed

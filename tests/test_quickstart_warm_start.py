@@ -305,8 +305,18 @@ def test_a_warm_start_that_ends_at_its_ceiling_with_a_usable_policy_does_not_war
     assert not report["reached"] and report["target"] == 0.8
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
     assert "reached its ceiling" in caplog.text
-    assert "(its ceiling)" in format_summary({"before": {}, "after": {}, "improvement": 0.0, "warm_start": report,
-                                              "timings": {}, "plot": "p", "metrics_csv": "m", "final_model": "f"})
+    assert "(its ceiling)" in format_summary(
+        {
+            "before": {},
+            "after": {},
+            "improvement": 0.0,
+            "warm_start": report,
+            "timings": {},
+            "plot": "p",
+            "metrics_csv": "m",
+            "final_model": "f",
+        }
+    )
 
 
 def test_a_weak_policy_at_the_end_of_the_warm_start_is_warned_about(tiny, tmp_path, caplog, monkeypatch) -> None:

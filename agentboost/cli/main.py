@@ -1,4 +1,8 @@
-"""``agentboost`` command line."""
+"""``agentboost`` command line.
+
+Exit statuses: 0 done, 2 bad input (found before anything runs or is written), 3 infrastructure
+failure (a server, a worker, episodes ending in infra_error), 130 interrupted. Every failure is one
+line on stderr (see :mod:`agentboost.cli.contract`)."""
 
 from __future__ import annotations
 
@@ -6,12 +10,16 @@ import argparse
 import logging
 import sys
 
+from .. import __version__
+from . import contract, export, prepare, quickstart, rollout, train, view
 from . import eval as eval_cmd
-from . import export, prepare, quickstart, rollout, train, view
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agentboost", description=__doc__)
+    parser = contract.ArgumentParser(
+        prog="agentboost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"agentboost {__version__}")
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     rollout.add_parser(sub)
@@ -22,16 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     export.add_parser(sub)
     prepare.add_parser(sub)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        logging.getLogger("agentboost").warning("interrupted")
-        return 130
+    level = getattr(logging, str(args.log_level).upper(), None)
+    if not isinstance(level, int):
+        return contract.report("agentboost", contract.BadInput(f"--log-level {args.log_level}: not a logging level"))
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return contract.guarded(f"agentboost {args.command}", args.func, args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,6 +22,8 @@ import sys
 from typing import Any
 
 from ..train.configfile import parse_kv
+from . import contract
+from .contract import BadInput
 
 
 def add_parser(sub: Any) -> None:
@@ -56,43 +58,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data import load_rows
-    from ..data_prep import prepare_dataset, split_rows
-    from ..evaluation.presets import PRESETS
-    from ..utils.refs import resolve
-
     try:
-        if args.example is not None and args.example not in PRESETS:
-            raise ValueError(f"--example {args.example}: unknown (choose from {', '.join(sorted(PRESETS))})")
-        preset = PRESETS.get(args.example) if args.example else None
-        env = args.env or (preset.env if preset else None)
-        if env is None:
-            raise ValueError("no environment given: pass --env module:Class or --example NAME")
-        if not 0.0 <= args.eval_fraction < 1.0:
-            raise ValueError(f"--eval-fraction must be in [0, 1), got {args.eval_fraction}")
-        system_prompt = args.system_prompt
-        if system_prompt is None and args.agent is None and preset is not None:
-            system_prompt = preset.resolved_system_prompt()
-        if args.data:
-            rows = load_rows(args.data, limit=args.limit)
-        elif preset is not None and preset.tasks:
-            rows = resolve(preset.tasks)(args.limit or 256, seed=args.seed, split="train")
-        else:
-            raise ValueError("--data is required")
-        if args.eval_data:
-            train, test = rows, load_rows(args.eval_data)
-        elif not args.data and preset is not None and preset.tasks:
-            train, test = rows, resolve(preset.tasks)(64, seed=args.seed, split="eval")
-        else:
-            train, test = split_rows(rows, args.eval_fraction, seed=args.seed)
-        written = prepare_dataset(train, test, args.out, env=env, env_args=dict(args.env_arg),
-                                  system_prompt=system_prompt, name=args.name, register=args.register)  # fmt: skip
-    except (ValueError, OSError) as exc:
-        sys.stderr.write(f"agentboost prepare: error: {exc}\n")
-        return 2
+        env, train, test, written = _prepare(args)
+    except (ValueError, OSError) as exc:  # rows that do not build, unreadable data, parquet refusing a row
+        raise BadInput(str(exc)) from exc
     except SystemExit as exc:  # --register yes without rLLM
-        sys.stderr.write(f"agentboost prepare: error: {exc}\n")
-        return 2
+        raise BadInput(str(exc)) from exc
     launch = [f"ENV_CLASS={shlex.quote(env)}"]
     if args.env_arg:
         launch.append("ENV_ARGS=" + shlex.quote(" ".join(f"{k}={json.dumps(v)}" for k, v in args.env_arg)))
@@ -105,3 +76,39 @@ def run(args: argparse.Namespace) -> int:
         + f"train on GPUs (verl route): {' '.join(launch)}\n"
     )
     return 0
+
+
+def _prepare(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    from ..data_prep import prepare_dataset, split_rows
+    from ..evaluation.presets import PRESETS
+    from ..utils.refs import resolve
+
+    if args.example is not None and args.example not in PRESETS:
+        raise ValueError(f"--example {args.example}: unknown (choose from {', '.join(sorted(PRESETS))})")
+    preset = PRESETS.get(args.example) if args.example else None
+    env = args.env or (preset.env if preset else None)
+    if env is None:
+        raise ValueError("no environment given: pass --env module:Class or --example NAME")
+    if not 0.0 <= args.eval_fraction < 1.0:
+        raise ValueError(f"--eval-fraction must be in [0, 1), got {args.eval_fraction}")
+    contract.output_dir(args.out, "--out")
+    system_prompt = args.system_prompt
+    if system_prompt is None and args.agent is None and preset is not None:
+        system_prompt = preset.resolved_system_prompt()
+    if args.agent:
+        contract.resolve_ref(args.agent, f"--agent {args.agent}")
+    if args.data:
+        rows = contract.read_rows(args.data, limit=args.limit)
+    elif preset is not None and preset.tasks:
+        rows = resolve(preset.tasks)(args.limit or 256, seed=args.seed, split="train")
+    else:
+        raise ValueError("--data is required")
+    if args.eval_data:
+        train, test = rows, contract.read_rows(args.eval_data, flag="--eval-data")
+    elif not args.data and preset is not None and preset.tasks:
+        train, test = rows, resolve(preset.tasks)(64, seed=args.seed, split="eval")
+    else:
+        train, test = split_rows(rows, args.eval_fraction, seed=args.seed)
+    written = prepare_dataset(train, test, args.out, env=env, env_args=dict(args.env_arg),
+                              system_prompt=system_prompt, name=args.name, register=args.register)  # fmt: skip
+    return env, train, test, written

