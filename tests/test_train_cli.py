@@ -220,3 +220,27 @@ def test_bad_input_is_refused_up_front_in_one_line_and_nothing_is_written(tmp_pa
         assert not run_dir.exists(), f"{argv}: wrote {run_dir}"
     assert not (tmp_path / "out").exists() and not (tmp_path / "prepared").exists()
     assert os.listdir(tmp_path / "not_a_model") == []
+
+
+def test_the_quickstart_script_example_imports_only_public_names() -> None:
+    """examples/quickstart/train_quickstart.py ("swap in your own environment") used the private _build_model."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "train_quickstart.py").read_text()
+    imported = [alias.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)
+                for alias in node.names]  # fmt: skip
+    assert imported and not [name for name in imported if name.startswith("_")]
+    import runpy
+
+    runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "quickstart" / "train_quickstart.py"))
+
+
+def test_steps_logged_after_the_last_checkpoint_are_not_logged_twice(tmp_path, model_dir, rows_file, capsys) -> None:
+    """A run interrupted between checkpoints runs those steps again: metrics.csv keeps each step once."""
+    run_dir = tmp_path / "run"
+    argv = ["train", "--data", str(rows_file), "--env", ENV, "--model", str(model_dir), "--steps", "2", *SMALL,
+            "--save-every", "0", "--no-wandb", "--run-dir", str(run_dir)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    assert main(argv) == 0  # no checkpoint was saved: GRPO starts again from step 0
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and len((run_dir / "metrics.csv").read_text().splitlines()) == 3

@@ -39,6 +39,7 @@ class MetricsLogger:
         config: dict[str, Any] | None = None,
         wandb_mode: str | None = None,
         tensorboard: bool = False,
+        resume_step: int | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -47,6 +48,11 @@ class MetricsLogger:
         self.rows: list[dict[str, Any]] = []
         if self.jsonl.exists():  # resumed run: keep what was logged before
             self.rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        if resume_step is not None and any(int(r.get("step", 0)) > resume_step for r in self.rows):
+            # steps logged after the checkpoint being resumed (an interrupted run): they are run again
+            self.rows = [r for r in self.rows if int(r.get("step", 0)) <= resume_step]
+            self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+            self._write_csv()
         self._wandb = None
         self._wandb_module: Any = None
         mode = resolve_wandb_mode(wandb_mode)

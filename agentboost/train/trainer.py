@@ -360,7 +360,7 @@ class GRPOTrainer:
         if cfg.kl_coef > 0:
             self.ensure_reference()
         log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict(), wandb_mode=cfg.wandb_mode,
-                            tensorboard=cfg.tensorboard)  # fmt: skip
+                            tensorboard=cfg.tensorboard, resume_step=self.step)  # fmt: skip
         try:
             bar = phase_bar(desc, cfg.steps, unit="step", progress=progress, initial=self.step)
             while self.step < cfg.steps:
