@@ -90,12 +90,12 @@ def _load_tokenizer(ref: str) -> Any:
         return load_offline(family)
     from pathlib import Path
 
+    path = Path(ref).expanduser()
+    if ref.startswith(("/", "./", "../", "~")) and not path.is_dir():
+        raise TokenizerUnavailable(f"tokenizer directory {ref} does not exist")
     from transformers import AutoTokenizer
 
-    path = Path(ref).expanduser()
-    if ref.startswith(("/", "./", "../", "~")) or path.is_dir():
-        if not path.is_dir():
-            raise TokenizerUnavailable(f"tokenizer directory {ref} does not exist")
+    if path.is_dir():
         try:
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except (OSError, ValueError) as exc:
@@ -105,9 +105,10 @@ def _load_tokenizer(ref: str) -> Any:
     except (OSError, ValueError):
         pass  # not cached (or not a hub id at all): ask the hub below
     instead = f"use a local directory (./path) or an offline tokenizer ({_offline_families()})"
-    if _hub_offline():
+    offline = _hub_offline()
+    if offline:
         raise TokenizerUnavailable(
-            f"tokenizer {ref!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it cannot be "
+            f"tokenizer {ref!r} is not in the local Hugging Face cache and {offline} is set, so it cannot be "
             f"downloaded: {instead}"
         )
     endpoint, unreachable = _probe_hub()
@@ -126,16 +127,18 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _hub_offline() -> bool:
+def _hub_offline() -> str | None:
+    """The variable that keeps the hub offline (``HF_HUB_OFFLINE``, or transformers' ``TRANSFORMERS_OFFLINE``)."""
     import os
 
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
-        return True
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE"):
+            return name
     try:
         from huggingface_hub import constants
     except ImportError:  # pragma: no cover - transformers depends on it
-        return False
-    return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+        return None
+    return "HF_HUB_OFFLINE" if getattr(constants, "HF_HUB_OFFLINE", False) else None
 
 
 def _probe_hub() -> tuple[str, str]:

@@ -30,6 +30,9 @@ from .base import FINISH_LENGTH, FINISH_STOP, GenerationRequest, GenerationResul
 
 logger = logging.getLogger(__name__)
 
+CANCEL_WAIT_S = 10.0
+"""How long a cancelled batcher waits for its decode thread to stop (one token step, normally)."""
+
 
 @dataclass
 class _Pending:
@@ -125,8 +128,14 @@ class HFLocalBackend:
             live = [p for p in batch if not p.future.cancelled()]
             if not live:
                 continue
+            stop = threading.Event()
             try:
-                results = await asyncio.to_thread(self._decode_batch, [p.request for p in live])
+                results = await asyncio.to_thread(self._decode_batch, [p.request for p in live], stop)
+            except asyncio.CancelledError:  # the loop is closing (a run stopped): the thread stops at its next
+                stop.set()  # token; wait for it, or interpreter exit can kill it inside torch (abort, exit 134)
+                if self.lock.acquire(timeout=CANCEL_WAIT_S):
+                    self.lock.release()
+                raise
             except Exception as exc:  # a failed batch fails its requests, never the batcher
                 logger.exception("local generation failed")
                 for p in live:
@@ -138,19 +147,21 @@ class HFLocalBackend:
                     p.future.set_result(result)
 
     # -- decoding (worker thread) --------------------------------------------------------
-    def _decode_batch(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def _decode_batch(
+        self, requests: list[GenerationRequest], stop: threading.Event | None = None
+    ) -> list[GenerationResult]:
         import torch
 
         with self.lock, torch.inference_mode():
             was_training = self.model.training
             self.model.eval()
             try:
-                return self._decode(requests)
+                return self._decode(requests, stop)
             finally:
                 if was_training:
                     self.model.train()
 
-    def _decode(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+    def _decode(self, requests: list[GenerationRequest], stop: threading.Event | None = None) -> list[GenerationResult]:
         import torch
 
         n = len(requests)
@@ -209,7 +220,7 @@ class HFLocalBackend:
                 elif len(out_ids[i]) >= budgets[i]:
                     finished[i] = True
                 next_tokens.append(token)
-            if all(finished):
+            if all(finished) or (stop is not None and stop.is_set()):
                 break
             step = torch.tensor(next_tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
             attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=-1)

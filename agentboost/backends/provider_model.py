@@ -1,7 +1,8 @@
 """``ProviderModel``: the Strands model of one episode of the Strands-provider route (no tokens).
 
 It wraps the provider's own Strands model (OpenAI-compatible, Bedrock, any other) so that the episode
-keeps the same budgets and records as a token-exact one, see :mod:`agentboost.backends.strands_provider`.
+keeps the same budgets and records as a token-exact one, see :mod:`agentboost.backends.strands_provider`
+(which names this class; this module imports only :mod:`agentboost.backends.provider_common`, never it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from ..errors import AgentboostError, BackendError, BackendTimeout, ContextOverflow, EpisodeStop, EpisodeTimeout
 from ..model import TokenModel, _deadline
 from ..types import Budget, SamplingParams, Termination
-from .strands_provider import PROVIDER_TEMPLATE, StrandsProviderBackend, mark_not_token_exact
+from .provider_common import PROVIDER_TEMPLATE, ProviderBackend, mark_not_token_exact
 
 
 class ProviderModel(TokenModel):
@@ -25,7 +26,7 @@ class ProviderModel(TokenModel):
 
     def __init__(
         self,
-        backend: StrandsProviderBackend,
+        backend: ProviderBackend,
         template: Any = None,
         *,
         sampling: SamplingParams | None = None,

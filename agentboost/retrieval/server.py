@@ -151,13 +151,14 @@ def preflight(args: argparse.Namespace) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from ..cli import contract
+
+    preflight(args)
     from aiohttp import web
 
-    from ..cli import contract
     from .encoder import Encoder
     from .index import VectorIndex, default_index
 
-    preflight(args)
     encoder = Encoder(args.model, device=args.device)
     try:
         index = VectorIndex.load(args.index) if args.index else default_index(encoder)
