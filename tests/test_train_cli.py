@@ -180,7 +180,7 @@ def _bad_inputs(tmp_path: Path, model_dir: Path, rows_file: Path) -> list[tuple[
         (["train", "--data", str(rows_file), "--env", "no_such_module:Env", "--model", str(model_dir)],
          "no_such_module"),
         (["train", "--data", str(no_prompt), "--env", ENV, "--model", str(model_dir), "--eval-fraction", "0"],
-         "row 0 ('a') does not build its environment"),
+         "the environment (tests.letter_env:LetterCountEnv) of the first row (task 'a')"),
         (["train", "--data", str(bad_reward), "--env", "agentboost.environments.strands_env:StrandsEnv", "--model",
           str(model_dir), "--eval-fraction", "0"], "has no attribute 'nope'"),
         ([*base[:-1], "Qwen/Qwen2.5-0.5B-Instruct"], "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct"),
@@ -197,7 +197,7 @@ def _bad_inputs(tmp_path: Path, model_dir: Path, rows_file: Path) -> list[tuple[
         (["export", str(empty_dir), str(tmp_path / "out")], "holds no trained model"),
         (["quickstart", "--model", "Qwen/Qwen2.5-0.5B-Instruct"], "huggingface-cli download"),
         (["prepare", "--data", str(no_prompt), "--env", ENV, "--out", str(tmp_path / "prepared")],
-         "does not build its environment"),
+         "the environment (tests.letter_env:LetterCountEnv) of the first row"),
         (["prepare", "--data", str(rows_file), "--env", ENV, "--out", str(a_file)], "exists and is not a directory"),
         (["prepare", "--data", str(rows_file), "--out", str(tmp_path / "prepared")], "no environment given"),
     ]  # fmt: skip

@@ -99,6 +99,9 @@ def _prepare(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]], list[
         contract.resolve_ref(args.agent, f"--agent {args.agent}")
     if args.data:
         rows = contract.read_rows(args.data, limit=args.limit)
+        from ..runs import AgentSpec
+
+        contract.build_first_env(AgentSpec(env=env, env_args=dict(args.env_arg), agent_factory=args.agent), rows[0])
     elif preset is not None and preset.tasks:
         rows = resolve(preset.tasks)(args.limit or 256, seed=args.seed, split="train")
     else:

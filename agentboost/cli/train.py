@@ -105,6 +105,13 @@ def preflight(options: TrainOptions) -> None:
         raise BadInput(f"--tokenizer {options.tokenizer}: not a local directory")
     contract.check_device(options.device)
     contract.output_dir(options.run_dir, "--run-dir")
+    env = options.env_class
+    if env is not None and options.data is not None:  # the first row as every command builds it (PYTHONPATH hint)
+        from ..runs import AgentSpec
+
+        first = contract.read_rows(options.data, limit=1)[0]
+        agent = AgentSpec(env=env, env_args=dict(options.env_args), agent_factory=options.agent)
+        contract.build_first_env(agent, first)
 
 
 def execute(plan: Any, *, command: str) -> int:
