@@ -73,11 +73,11 @@ class QuickstartConfig:
     """Where everything goes; rerunning with the same directory resumes the run."""
     seed: int = 0
     """Seed of the tasks, the built model, the warm start and GRPO."""
-    model: str | None = None
+    model: str | None = field(default=None, metadata={"default_text": "the built-in model"})
     """A local Hugging Face model directory to train instead of the built-in model."""
     lora_rank: int = 0
     """LoRA rank with --model (0: train every weight)."""
-    device: str | None = None
+    device: str | None = field(default=None, metadata={"default_text": "cuda when there is one, else cpu"})
     """cpu, cuda or cuda:N."""
     hidden_size: int = 128
     """Hidden size of the built-in model."""

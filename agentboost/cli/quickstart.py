@@ -41,11 +41,11 @@ def config_from_args(args: argparse.Namespace) -> QuickstartConfig:
 def run(args: argparse.Namespace) -> int:
     try:  # bad settings are the user's to fix: a one-line error, not a traceback
         cfg = config_from_args(args)
+        if args.print_config:
+            sys.stdout.write(to_yaml(cfg))
+            return 0
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
-    if args.print_config:
-        sys.stdout.write(to_yaml(cfg))
-        return 0
     preflight(cfg)
     try:
         plan = quickstart_plan(cfg)

@@ -74,11 +74,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         options = options_from_args(args)
+        if args.print_config:
+            sys.stdout.write(to_yaml(options))
+            return 0
     except ValueError as exc:  # a bad option or --config file
         raise BadInput(str(exc)) from exc
-    if args.print_config:
-        sys.stdout.write(to_yaml(options))
-        return 0
     preflight(options)
     try:
         plan = train_plan(options)

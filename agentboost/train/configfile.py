@@ -219,10 +219,17 @@ class ConfigError(ValueError):
     """Options that cannot make a config (unknown YAML key, wrong type, unreadable file)."""
 
 
+def _yaml() -> Any:
+    try:
+        import yaml
+    except ImportError:
+        raise ConfigError('YAML options need the pyyaml package: pip install "agentboost[local]"') from None
+    return yaml
+
+
 def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
     """The options of a YAML file, checked against the fields of ``cls`` (names and types)."""
-    import yaml
-
+    yaml = _yaml()
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -299,7 +306,7 @@ def resolve_options(args: argparse.Namespace, cls: type) -> dict[str, Any]:
 
 def to_yaml(cfg: Any) -> str:
     """The config as YAML, every field in declaration order (``--config`` reads it back)."""
-    import yaml
+    yaml = _yaml()
 
     data = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
     for name, value in data.items():
