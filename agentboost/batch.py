@@ -8,11 +8,19 @@ concatenation, ``attention_mask`` marks real tokens, ``position_ids`` count real
 * ``token_level_scores``: the episode reward on the last real response token, 0 elsewhere;
 * ``rollout_log_probs``: the sampling log-probabilities of response tokens (0 where there are none).
 
+One row per trajectory: an episode of one trajectory is one row, as before; an episode whose agent
+rewrote its history or that ran several agents is one row per trajectory (``row_episode`` names the
+episode of each row), each with the reward of its agent (:meth:`Episode.reward_of`) on its last
+token. Trajectories a setting leaves out of training (``TrajectoryInfo.trained``) are not rows.
+:func:`row_advantages` gives every row its episode's GRPO advantage, computed over the episodes of the
+task's group (not over rows: an episode of many trajectories counts once in its group).
+
 Failed episodes are never dropped: an episode with no tokens at all becomes one pad prompt token and
 one pad response token, all masked, reward 0. A row that does not fit ``P``/``R`` is cut (prompt: its
-first tokens are dropped; response: its tail) and masked like a failure: reward 0, out of its GRPO
-group, never trained on half-seen. The episode itself is marked (``masked = True``,
-``metadata["batch_cut"]`` says why) so metrics, saved episodes and advantages all agree.
+first tokens are dropped; response: its tail) and masked like a failure, with every other row of its
+episode: reward 0, out of its GRPO group, never trained on half-seen. The episode itself is marked
+(``masked = True``, ``metadata["batch_cut"]`` says why) so metrics, saved episodes and advantages all
+agree.
 """
 
 from __future__ import annotations
@@ -39,6 +47,16 @@ class Batch:
     terminations: list[str]
     masked: list[bool]
     truncated: list[bool] = field(default_factory=list)
+    row_episode: list[int] = field(default_factory=list)
+    """Per row: the index of its episode in the list given to :func:`episodes_to_batch`."""
+    row_agent: list[str] = field(default_factory=list)
+    """Per row: the agent of its trajectory (``TrajectoryInfo.agent``)."""
+    row_trajectory: list[int] = field(default_factory=list)
+    """Per row: the index of its trajectory in its episode."""
+    episode_rewards: list[dict[str, float]] = field(default_factory=list)
+    """Per episode: ``{"": reward, agent: role reward, ...}`` (0 for masked episodes)."""
+    episode_masked: list[bool] = field(default_factory=list)
+    episode_groups: list[str] = field(default_factory=list)
 
     @property
     def prompt_length(self) -> int:
@@ -48,12 +66,34 @@ class Batch:
         return int(self.input_ids.shape[0])
 
 
-def row_tokens(episode: Episode, pad_token_id: int) -> tuple[list[int], list[int], list[int], list[float]]:
-    """(prompt, response, loss mask, rollout log-probs) of one row. Never empty: an episode that has no
-    tokens (it failed before the first call) becomes one masked pad token on each side."""
-    if not episode.response_ids:
+def row_tokens(episode: Any, pad_token_id: int) -> tuple[list[int], list[int], list[int], list[float]]:
+    """(prompt, response, loss mask, rollout log-probs) of one row: an episode of one trajectory, or one
+    :class:`~agentboost.episode.TokenTrajectory`. Never empty: an episode that has no tokens (it failed
+    before the first call) becomes one masked pad token on each side."""
+    if not episode.segments or not any(s.token_ids for s in episode.segments[1:]):
         return episode.prompt_ids or [pad_token_id], [pad_token_id], [0], [0.0]
     return episode.prompt_ids or [pad_token_id], episode.response_ids, episode.response_mask, episode.response_logprobs
+
+
+def episode_rows(episode: Episode) -> list[Any]:
+    """The rows of ``episode``: itself when it is one trajectory (or none), else its trained trajectories
+    (an episode none of whose trajectories is trained keeps one masked row, so it is never dropped)."""
+    if episode.num_trajectories <= 1:
+        if episode.trajectory_info and not episode.trajectory_info[0].trained:
+            return [_NoRow(episode.id)]
+        return [episode]
+    rows = [t for t in episode.trajectories if t.trained]
+    return rows or [_NoRow(episode.id)]
+
+
+@dataclass
+class _NoRow:
+    """The masked placeholder row of an episode that has no trainable trajectory."""
+
+    id: str
+    segments: list[Any] = field(default_factory=list)
+    masked: bool = True
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 def episodes_to_batch(
@@ -64,36 +104,41 @@ def episodes_to_batch(
     max_response_length: int | None = None,
     group_of: Any = None,
 ) -> Batch:
-    """Pad and stack episodes. ``group_of(episode) -> str`` names the GRPO group (default: the
-    episode's ``metadata["group_id"]``, else its task id)."""
+    """Pad and stack the rows of ``episodes`` (one per trajectory). ``group_of(episode) -> str`` names the
+    GRPO group (default: the episode's ``metadata["group_id"]``, else its task id)."""
     import torch
 
     if not episodes:
         raise ValueError("no episodes to batch")
-    prompts, responses, masks, logprobs, truncated = [], [], [], [], []
-    for episode in episodes:
-        prompt, response, mask, lps = row_tokens(episode, pad_token_id)
-        reasons = []
-        if max_prompt_length is not None and len(prompt) > max_prompt_length:
-            reasons.append(f"prompt of {len(prompt)} tokens > max_prompt_length={max_prompt_length}")
-            prompt = prompt[-max_prompt_length:]
-        if max_response_length is not None and len(response) > max_response_length:
-            reasons.append(f"response of {len(response)} tokens > max_response_length={max_response_length}")
-            response, mask, lps = response[:max_response_length], mask[:max_response_length], lps[:max_response_length]
-        cut = bool(reasons)
-        if cut:
-            mask = [0] * len(mask)
-            if not episode.masked:  # a failure's own reason stays; a cut row is masked from here on
-                episode.masked = True
-                episode.metadata["batch_cut"] = "; ".join(reasons)
-        prompts.append(prompt)
-        responses.append(response)
-        masks.append(mask)
-        logprobs.append(lps)
-        truncated.append(cut)
-    width_p = max_prompt_length or max(len(p) for p in prompts)
-    width_r = max_response_length or max(len(r) for r in responses)
-    n = len(episodes)
+    group_of = group_of or (lambda e: str(e.metadata.get("group_id") or e.task_id or e.id))
+    rows: list[tuple[int, Any, list[int], list[int], list[int], list[float]]] = []
+    cut_reasons: dict[int, list[str]] = {}
+    for e_index, episode in enumerate(episodes):
+        for row in episode_rows(episode):
+            prompt, response, mask, lps = row_tokens(row, pad_token_id)
+            reasons = []
+            if max_prompt_length is not None and len(prompt) > max_prompt_length:
+                reasons.append(f"prompt of {len(prompt)} tokens > max_prompt_length={max_prompt_length}")
+                prompt = prompt[-max_prompt_length:]
+            if max_response_length is not None and len(response) > max_response_length:
+                reasons.append(f"response of {len(response)} tokens > max_response_length={max_response_length}")
+                keep = max_response_length
+                response, mask, lps = response[:keep], mask[:keep], lps[:keep]
+            if reasons:
+                cut_reasons.setdefault(e_index, []).extend(
+                    reasons if episode.num_trajectories <= 1 else [f"trajectory {row.index}: {r}" for r in reasons]
+                )
+            if isinstance(row, _NoRow):
+                mask = [0] * len(mask)
+            rows.append((e_index, row, prompt, response, mask, lps))
+    for e_index, reasons in cut_reasons.items():
+        episode = episodes[e_index]
+        if not episode.masked:  # a failure's own reason stays; a cut episode is masked from here on
+            episode.masked = True
+            episode.metadata["batch_cut"] = "; ".join(reasons)
+    width_p = max_prompt_length or max(len(r[2]) for r in rows)
+    width_r = max_response_length or max(len(r[3]) for r in rows)
+    n = len(rows)
     prompt_t = torch.full((n, width_p), pad_token_id, dtype=torch.long)
     prompt_attn = torch.zeros((n, width_p), dtype=torch.long)
     resp_t = torch.full((n, width_r), pad_token_id, dtype=torch.long)
@@ -102,19 +147,26 @@ def episodes_to_batch(
     lp_t = torch.zeros((n, width_r), dtype=torch.float32)
     scores = torch.zeros((n, width_r), dtype=torch.float32)
     rewards = torch.zeros(n, dtype=torch.float32)
-    for i, (p, r, m, lp, episode) in enumerate(zip(prompts, responses, masks, logprobs, episodes, strict=True)):
+    row_agent: list[str] = []
+    row_trajectory: list[int] = []
+    for i, (e_index, row, p, r, row_mask, lp) in enumerate(rows):
+        episode = episodes[e_index]
+        m = [0] * len(row_mask) if e_index in cut_reasons or episode.masked else row_mask
+        agent = row.info.agent if hasattr(row, "info") else _first_agent(episode)
         prompt_t[i, width_p - len(p) :] = torch.tensor(p, dtype=torch.long)
         prompt_attn[i, width_p - len(p) :] = 1
         resp_t[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         resp_attn[i, : len(r)] = 1
         mask_t[i, : len(m)] = torch.tensor(m, dtype=torch.long)
         lp_t[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-        reward = 0.0 if episode.masked else float(episode.reward)
+        reward = episode.reward_of(agent)
         rewards[i] = reward
         scores[i, len(r) - 1] = reward
+        row_agent.append(agent)
+        row_trajectory.append(getattr(row, "index", 0))
     attention = torch.cat([prompt_attn, resp_attn], dim=1)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0) * attention
-    group_of = group_of or (lambda e: str(e.metadata.get("group_id") or e.task_id or e.id))
+    episode_groups = [group_of(e) for e in episodes]
     return Batch(
         input_ids=torch.cat([prompt_t, resp_t], dim=1),
         attention_mask=attention,
@@ -125,12 +177,59 @@ def episodes_to_batch(
         token_level_scores=scores,
         rollout_log_probs=lp_t,
         rewards=rewards,
-        episode_ids=[e.id for e in episodes],
-        group_ids=[group_of(e) for e in episodes],
-        terminations=[e.termination.value for e in episodes],
-        masked=[e.masked or t for e, t in zip(episodes, truncated, strict=True)],
-        truncated=truncated,
+        episode_ids=[episodes[r[0]].id for r in rows],
+        group_ids=[episode_groups[r[0]] for r in rows],
+        terminations=[episodes[r[0]].termination.value for r in rows],
+        masked=[episodes[r[0]].masked or r[0] in cut_reasons for r in rows],
+        truncated=[r[0] in cut_reasons for r in rows],
+        row_episode=[r[0] for r in rows],
+        row_agent=row_agent,
+        row_trajectory=row_trajectory,
+        episode_rewards=[_episode_rewards(e) for e in episodes],
+        episode_masked=[e.masked for e in episodes],
+        episode_groups=episode_groups,
     )
+
+
+def _first_agent(episode: Episode) -> str:
+    return episode.trajectory_info[0].agent if episode.trajectory_info else ""
+
+
+def _episode_rewards(episode: Episode) -> dict[str, float]:
+    out = {"": 0.0 if episode.masked else float(episode.reward)}
+    for agent in {info.agent for info in episode.trajectory_info} | set(episode.role_rewards):
+        out[agent] = episode.reward_of(agent)
+    return out
+
+
+def row_advantages(batch: Batch, *, eps: float = 1e-6, normalize_std: bool = True) -> Any:
+    """Per row: its episode's GRPO advantage (README, "Agents that rewrite their history, and multi-agent
+    runs"). Computed over the unmasked episodes of the row's group, on the reward of the row's agent
+    (the episode's reward unless the reward function gave that agent its own), then given to every row
+    of the episode of that agent: an episode counts once in its group however many trajectories it has.
+    Masked episodes are out of their group and get 0, and so does an episode with no unmasked sibling."""
+    import torch
+
+    from .train.grpo import group_advantages
+
+    advantages = torch.zeros(len(batch.row_episode), dtype=torch.float32)
+    if not batch.row_episode:
+        return advantages
+    n_episodes = len(batch.episode_rewards)
+    for agent in sorted(set(batch.row_agent)):
+        values = torch.tensor(
+            [batch.episode_rewards[e].get(agent, batch.episode_rewards[e][""]) for e in range(n_episodes)],
+            dtype=torch.float32,
+        )
+        per_episode = group_advantages(values, batch.episode_groups, batch.episode_masked, eps=eps,
+                                       normalize_std=normalize_std)  # fmt: skip
+        for i, (e, row_agent) in enumerate(zip(batch.row_episode, batch.row_agent, strict=True)):
+            if row_agent == agent and not batch.masked[i]:
+                advantages[i] = per_episode[e]
+    return advantages
+
+
+_PER_EPISODE = frozenset({"episode_rewards", "episode_masked", "episode_groups"})
 
 
 def select_rows(batch: Batch, idx: list[int]) -> Batch:
@@ -143,6 +242,8 @@ def select_rows(batch: Batch, idx: list[int]) -> Batch:
     changes: dict[str, Any] = {}
     for f in dataclasses.fields(batch):
         value = getattr(batch, f.name)
+        if f.name in _PER_EPISODE:
+            continue  # indexed by ``row_episode``, which keeps naming the same episodes
         if hasattr(value, "index_select"):
             changes[f.name] = value.index_select(0, index)
         elif isinstance(value, list) and value:

@@ -28,6 +28,27 @@ class ContextOverflow(AgentboostError):
     termination = Termination.CONTEXT_OVERFLOW
 
 
+def _context_window_overflow() -> type[Exception]:
+    try:
+        from strands.types.exceptions import ContextWindowOverflowException
+    except ImportError:  # pragma: no cover - strands is a core dependency
+        return Exception
+    return ContextWindowOverflowException
+
+
+class ContextWindowFull(_context_window_overflow()):  # type: ignore[misc]
+    """A trajectory's context has no room left for the next call (its budget or the server's window):
+    Strands' ``ContextWindowOverflowException``, so an agent's conversation manager can reduce the history
+    (the next call then opens a new trajectory). An agent that cannot ends ``max_tokens``: the policy's
+    turns filled the context."""
+
+    termination = Termination.MAX_TOKENS
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
 class EpisodeTimeout(AgentboostError):
     """The wall clock ran out while the agent was acting (its tools, the loop between calls)."""
 
@@ -100,7 +121,7 @@ def termination_of(exc: BaseException) -> tuple[Termination, str]:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, EpisodeStop):
+        if isinstance(current, EpisodeStop | ContextWindowFull):
             return current.termination, current.detail
         if isinstance(current, AgentboostError):
             return current.termination, f"{type(current).__name__}: {current}"

@@ -1,24 +1,36 @@
 """``TokenModel``: a Strands ``Model`` provider that speaks token ids to the inference server.
 
-One ``TokenModel`` per episode. It owns the episode's token trajectory:
+One ``TokenModel`` per episode (plus any :meth:`TokenModel.sibling` sharing its record). It owns the
+episode's token trajectories:
 
-* call 0 renders the full prompt with the model's own chat template (system prompt, tools converted
-  from the Strands tool specs, the user turn) -> ``prompt`` segment;
-* call k>0 renders only the messages Strands appended since the previous response (tool results,
+* the first call of a trajectory renders the full prompt with the model's own chat template (system
+  prompt, tools converted from the Strands tool specs, the history) -> ``prompt`` segment;
+* a later call renders only the messages Strands appended since the previous response (tool results,
   user turns) plus the generation prompt -> ``env`` segment (loss 0);
 * every response is kept exactly as the server returned it, end-of-turn token included -> ``model``
   segment (loss 1), with its sampling logprobs. Assistant text is never re-encoded.
+
+Each agent that calls the model has its own conversation (keyed through the ``model_state`` Strands
+keeps per agent). A call continues its conversation's trajectory only if the history it is given is
+an extension of what the previous call saw: the same system prompt and tools, the same messages
+(compared whole), the previous response, then new messages. Anything else (a conversation manager
+trimmed or summarised the history, a hook edited it or retried a completed call, the system prompt or
+tools changed) closes that trajectory and opens a new one whose prompt renders the whole history; so
+does the first call of another agent (an agent used as a tool, a Swarm or Graph node) or a call made
+without an agent (a summariser calling the model directly). Every trajectory stays token-exact.
 
 Tool calls are parsed client-side, strictly (:mod:`agentboost.chat.parsers`). Malformed, unclosed
 and unknown-tool calls are turned into error tool results the agent sees (through a Strands
 ``BeforeToolCallEvent`` hook, see :class:`TrajectoryHooks`) and are counted.
 
-Budgets (turns, total/prompt/response tokens, wall clock) are enforced before each call; each call's
-``max_tokens`` is the remaining token budget. A stop raises :class:`~agentboost.errors.EpisodeStop`
-(or a typed error) that the episode runner maps to a :class:`~agentboost.types.Termination`.
-State is committed only after a complete response, and a divergence between the token trajectory
-and Strands' message history (hook retries of a completed call, dropped messages) is detected and
-raised instead of being silently trained on.
+Budgets are enforced before each call: turns per episode, and per trajectory its context
+(``max_total_tokens``), prompt and response tokens; each call's ``max_tokens`` is what the trajectory
+has left. A trajectory whose context is full raises :class:`~agentboost.errors.ContextWindowFull`, a
+Strands ``ContextWindowOverflowException``: an agent whose conversation manager reduces the history
+goes on in a new trajectory, any other ends ``max_tokens``. The task's own first prompt not fitting is
+``context_overflow``. A stop raises :class:`~agentboost.errors.EpisodeStop` (or a typed error) that
+the episode runner maps to a :class:`~agentboost.types.Termination`. State is committed only after a
+complete response.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ import time
 import uuid
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -44,12 +57,13 @@ from .backends.base import FINISH_LENGTH, FINISH_STOP, GenerationBackend, Genera
 from .chat.messages import strands_to_hf, system_message, tool_specs_to_openai
 from .chat.parsers import TOOL_NAME_RE, ParsedCall
 from .chat.template import ChatTemplate
-from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats
+from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats, TrajectoryInfo
 from .errors import (
     BackendContextOverflow,
     BackendError,
     BackendTimeout,
     ContextOverflow,
+    ContextWindowFull,
     EpisodeStop,
     EpisodeTimeout,
     ToolFatalError,
@@ -60,12 +74,77 @@ from .types import Budget, SamplingParams, Termination
 logger = logging.getLogger(__name__)
 
 INVALID_CALL_NAME = "invalid_tool_call"
+AUX_AGENT = "aux"
+"""The agent name of calls made without an agent (a conversation manager's summariser)."""
 _CANCEL_POLL_S = 0.2
+_STATE_KEY = "agentboost_conversation"
+"""Where a TokenModel keeps an agent's conversation id in the ``model_state`` Strands keeps per agent."""
 
 _FORMAT_HINTS = {
     "hermes": 'Call tools as <tool_call>{"name": <tool-name>, "arguments": {<json-object>}}</tool_call>.',
     "llama3_json": 'Call tools by answering only {"name": <tool-name>, "parameters": {<json-object>}}.',
 }
+
+
+@dataclass
+class _Conversation:
+    """One agent's open trajectory: what its last call sent and got back."""
+
+    trajectory: int
+    agent: str
+    system: str | None
+    tools: list[dict[str, Any]] | None
+    context: list[int]
+    context_hash: Any
+    prompt_len: int
+    seen: list[dict[str, Any]]
+    """The messages the last call was given (compared whole with the next call's)."""
+    response: tuple[str, list[str]]
+    """(text, tool use ids) of the last response: the next call's history must hold it right after ``seen``."""
+    response_message: dict[str, Any]
+    """The last response as a Strands message (what the trajectory record shows)."""
+
+
+@dataclass
+class _Pending:
+    """A call between its request and its commit: what it sends and what it opens or continues."""
+
+    key: Any
+    previous: _Conversation | None
+    """The conversation it continues, or the one of its agent it closes (None: its agent's first)."""
+    opens: TrajectoryInfo | None
+    new_ids: list[int]
+    prompt: list[int]
+    system: str | None
+    tools: list[dict[str, Any]] | None
+    messages: list[dict[str, Any]]
+    agent: str
+
+
+@dataclass
+class _EpisodeState:
+    """Everything a TokenModel and its siblings share: the record and the budgets."""
+
+    backend: GenerationBackend
+    template: ChatTemplate
+    budget: Budget
+    episode: Episode
+    group_id: str | None
+    train_aux_calls: bool = True
+    conversations: dict[Any, _Conversation] = field(default_factory=dict)
+    in_flight: set[Any] = field(default_factory=set)
+    deadline: float = 0.0
+    call_errors: dict[str, str] = field(default_factory=dict)
+    cancelled_calls: set[str] = field(default_factory=set)
+    turn_limit_calls: set[str] = field(default_factory=set)
+    windows: dict[int, tuple[float, float | None]] = field(default_factory=dict)
+    last_window: tuple[float, float | None] | None = None
+    started_at: datetime | None = None
+    """The episode's moment for templates that print the date: every render of the episode uses it (set
+    when the model is built, through this module's ``datetime``)."""
+    pending_stop: EpisodeStop | None = None
+    synthetic_messages: int = 0
+    model_time_s: float = 0.0
 
 
 class TokenModel(Model):
@@ -79,6 +158,8 @@ class TokenModel(Model):
         episode_id: id of the episode; also the request id (sticky routing per episode).
         group_id: id shared by the members of a GRPO group (routing hint).
         model_id: name reported through ``get_config()``.
+        train_aux_calls: whether calls made without an agent (a summariser calling the model directly)
+            are trained on; kept in the record either way.
     """
 
     def __init__(
@@ -91,36 +172,110 @@ class TokenModel(Model):
         episode_id: str | None = None,
         group_id: str | None = None,
         model_id: str = "agentboost-policy",
+        train_aux_calls: bool = True,
     ) -> None:
-        self.backend = backend
-        self.template = template
+        budget = budget or Budget()
+        self._st = _EpisodeState(
+            backend=backend,
+            template=template,
+            budget=budget,
+            episode=Episode(id=episode_id or uuid.uuid4().hex),
+            group_id=group_id,
+            train_aux_calls=train_aux_calls,
+            deadline=time.monotonic() + budget.wall_clock_s,
+            started_at=datetime.now(),
+        )
         self.sampling = sampling or SamplingParams()
-        self.budget = budget or Budget()
         self.model_id = model_id
-        self.group_id = group_id
-        self.episode = Episode(id=episode_id or uuid.uuid4().hex)
         self.hooks = TrajectoryHooks(self)
-        self._context: list[int] = []
-        self._context_hash = hashlib.blake2b(digest_size=16)
-        """``episode.token_digest`` of ``_context``, kept up to date: hashing the whole context per call
-        would make an episode's cost quadratic in its length."""
-        self._prompt_len = 0
-        self._consumed = 0
-        self._system: str | None = None
-        self._tools: list[dict[str, Any]] | None = None
-        self._tool_names: list[str] = []
-        self._frozen = False
-        self._in_flight = False
-        self._deadline = time.monotonic() + self.budget.wall_clock_s
-        self._call_errors: dict[str, str] = {}
-        self._cancelled_calls: set[str] = set()
-        self._turn_limit_calls: set[str] = set()
-        self._request_window: tuple[float, float | None] | None = None
-        self._started_at = datetime.now()
-        """The episode's moment for templates that print the date: every render of the episode uses it."""
-        self._pending_stop: EpisodeStop | None = None
-        self.synthetic_messages = 0
-        self.model_time_s = 0.0
+
+    def sibling(self, *, sampling: SamplingParams | None = None, model_id: str | None = None) -> TokenModel:
+        """Another TokenModel of this episode (same backend, record, budgets and hooks) with its own
+        sampling settings: for a sub-agent that samples differently. Its calls are this episode's."""
+        twin = object.__new__(TokenModel)
+        twin._st = self._st
+        twin.sampling = sampling or self.sampling
+        twin.model_id = model_id or self.model_id
+        twin.hooks = self.hooks
+        return twin
+
+    def shares_episode(self, other: Any) -> bool:
+        """Whether ``other`` is a TokenModel recording into this one's episode."""
+        return isinstance(other, TokenModel) and other._st is self._st
+
+    # -- shared state ------------------------------------------------------------------------
+    @property
+    def backend(self) -> GenerationBackend:
+        return self._st.backend
+
+    @property
+    def template(self) -> ChatTemplate:
+        return self._st.template
+
+    @property
+    def budget(self) -> Budget:
+        return self._st.budget
+
+    @property
+    def episode(self) -> Episode:
+        return self._st.episode
+
+    @property
+    def group_id(self) -> str | None:
+        return self._st.group_id
+
+    @property
+    def synthetic_messages(self) -> int:
+        return self._st.synthetic_messages
+
+    @synthetic_messages.setter
+    def synthetic_messages(self, value: int) -> None:
+        self._st.synthetic_messages = value
+
+    @property
+    def model_time_s(self) -> float:
+        return self._st.model_time_s
+
+    @model_time_s.setter
+    def model_time_s(self, value: float) -> None:
+        self._st.model_time_s = value
+
+    @property
+    def _deadline(self) -> float:
+        return self._st.deadline
+
+    @_deadline.setter
+    def _deadline(self, value: float) -> None:
+        self._st.deadline = value
+
+    @property
+    def _request_window(self) -> tuple[float, float | None] | None:
+        """The latest request's (sent, answered) window (subclasses that call their own provider set it)."""
+        return self._st.last_window
+
+    @_request_window.setter
+    def _request_window(self, value: tuple[float, float | None] | None) -> None:
+        self._st.last_window = value
+
+    @property
+    def _pending_stop(self) -> EpisodeStop | None:
+        return self._st.pending_stop
+
+    @_pending_stop.setter
+    def _pending_stop(self, value: EpisodeStop | None) -> None:
+        self._st.pending_stop = value
+
+    @property
+    def _call_errors(self) -> dict[str, str]:
+        return self._st.call_errors
+
+    @property
+    def _cancelled_calls(self) -> set[str]:
+        return self._st.cancelled_calls
+
+    @property
+    def _turn_limit_calls(self) -> set[str]:
+        return self._st.turn_limit_calls
 
     # -- Strands Model API -----------------------------------------------------------------
     def update_config(self, **model_config: Any) -> None:
@@ -154,24 +309,41 @@ class TokenModel(Model):
         chars = len(json.dumps(messages, default=str)) if messages else 0
         return chars // 4
 
-    @property
-    def history_reads_from(self) -> int:
-        """Index of the first history message the next :meth:`stream` call reads: the first call reads
-        them all, later calls only the previous response's message and what follows it (earlier turns
-        are already tokens). Lets :mod:`agentboost.strands_patches` skip preparing the rest."""
-        return max(0, self._consumed - 1) if self._frozen else 0
-
     def start_clock(self, deadline: float) -> None:
         """Share the episode deadline (monotonic seconds) set by the runner."""
-        self._deadline = deadline
+        self._st.deadline = deadline
 
     def waiting_on_server_at(self, moment: float) -> bool:
         """Whether a request was with the server at ``moment`` (monotonic): a deadline that passed
         then was used up by the server, not by the policy."""
-        if self._request_window is None:
-            return False
-        sent, answered = self._request_window
-        return sent <= moment and (answered is None or answered > moment)
+        windows = list(self._st.windows.values())
+        if self._st.last_window is not None:
+            windows.append(self._st.last_window)
+        return any(sent <= moment and (answered is None or answered > moment) for sent, answered in windows)
+
+    def close_trajectories(self, final_messages: list[dict[str, Any]] | None = None, *, always: bool = False) -> None:
+        """Write each trajectory's messages into its record: for episodes of several trajectories, for
+        ``always`` (a multi-agent episode, whose ``Episode.messages`` are its last node's), and for an
+        episode of one trajectory whose ``final_messages`` no longer hold what its calls were given (a
+        conversation manager trimmed the history after the last call). Called by the runner when the
+        episode ends."""
+        st = self._st
+        infos = st.episode.trajectory_info
+        if len(infos) == 1 and not always and final_messages is not None:
+            (conversation,) = [c for c in st.conversations.values() if c.trajectory == 0] or [None]
+            if conversation is not None:
+                n = len(conversation.seen)
+                always = not (
+                    len(final_messages) > n
+                    and final_messages[:n] == conversation.seen
+                    and _is_response(final_messages[n], conversation.response)
+                )
+        if len(infos) <= 1 and not always:
+            return
+        for conversation in st.conversations.values():
+            info = infos[conversation.trajectory]
+            if info.messages is None:
+                info.messages = [*conversation.seen, conversation.response_message]
 
     async def stream(  # type: ignore[override]
         self,
@@ -181,17 +353,21 @@ class TokenModel(Model):
         *,
         cancel_signal: threading.Event | None = None,
         system_prompt_content: list[dict[str, Any]] | None = None,
+        model_state: dict[str, Any] | None = None,
+        invocation_state: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[dict[str, Any]]:
-        if self._in_flight:
-            raise RuntimeError("TokenModel belongs to one episode and is not re-entrant")
-        self._in_flight = True
+        key, agent = _conversation_of(model_state, invocation_state)
+        if key in self._st.in_flight:
+            raise RuntimeError("an agent called its TokenModel again while a call of it was in flight")
+        self._st.in_flight.add(key)
         try:
             result, parsed_events = await self._generate(
-                messages, tool_specs, _system_text(system_prompt, system_prompt_content), cancel_signal
-            )
+                messages, tool_specs, _system_text(system_prompt, system_prompt_content), cancel_signal,
+                conversation=(key, agent),
+            )  # fmt: skip
         finally:
-            self._in_flight = False
+            self._st.in_flight.discard(key)
         if result is None:  # cancelled before anything was committed
             return
         for event in parsed_events:
@@ -204,91 +380,179 @@ class TokenModel(Model):
         tool_specs: list[dict[str, Any]] | None,
         system: str | None,
         cancel_signal: threading.Event | None,
+        *,
+        conversation: tuple[Any, str],
     ) -> tuple[GenerationResult | None, list[dict[str, Any]]]:
-        call_index = len(self.episode.calls)
-        if self._pending_stop is not None:
-            raise self._pending_stop
-        if call_index >= self.budget.max_turns:
+        st = self._st
+        key, agent = conversation
+        episode = st.episode
+        if st.pending_stop is not None:
+            raise st.pending_stop
+        if len(episode.calls) + len(st.windows) >= self.budget.max_turns:
             raise EpisodeStop(Termination.MAX_TURNS, f"max_turns={self.budget.max_turns} reached")
-        remaining_s = self._deadline - time.monotonic()
+        remaining_s = st.deadline - time.monotonic()
         if remaining_s <= 0:
             raise EpisodeTimeout(f"wall-clock budget of {self.budget.wall_clock_s}s used up")
 
-        new_ids = self._new_prompt_ids(messages, tool_specs, system)
-        first = call_index == 0
-        context_len = len(self._context) + len(new_ids)
-        if first and self.budget.max_prompt_tokens is not None and len(new_ids) > self.budget.max_prompt_tokens:
-            raise ContextOverflow(
-                f"initial prompt has {len(new_ids)} tokens > max_prompt_tokens={self.budget.max_prompt_tokens}"
-            )
-        max_tokens = self.budget.max_total_tokens - context_len
-        if self.budget.max_response_tokens is not None:
-            response_so_far = context_len - (len(new_ids) if first else self._prompt_len)
-            max_tokens = min(max_tokens, self.budget.max_response_tokens - response_so_far)
-        if self.sampling.max_tokens_per_call is not None:
-            max_tokens = min(max_tokens, self.sampling.max_tokens_per_call)
-        if max_tokens < 1:
-            if first:  # the task alone does not fit: not the policy's doing
-                raise ContextOverflow(f"the initial prompt ({context_len} tokens) leaves no token budget")
-            # The policy's turns (and the tool results they asked for) used the budget up: the same
-            # ending as a generation cut by max_tokens, wherever the budget happens to run out.
-            raise EpisodeStop(
-                Termination.MAX_TOKENS,
-                f"token budget used up before call {call_index}: the context is {context_len} tokens "
-                f"({len(new_ids)} new after the last response)",
-            )
-
-        prompt = self._context + new_ids
+        pending = self._prepare(messages, tool_specs, system, key, agent)
+        max_tokens = self._max_tokens(pending)
         request = GenerationRequest(
-            prompt_ids=prompt,
+            prompt_ids=pending.prompt,
             sampling=self.sampling,
             max_tokens=max_tokens,
-            request_id=self.episode.id,
+            request_id=episode.id,
             stop_token_ids=self.template.stop_token_ids,
             timeout_s=remaining_s,
-            group_id=self.group_id,
+            group_id=st.group_id,
         )
         started = time.monotonic()
-        self._request_window = (started, None)
+        window = id(pending)
+        st.windows[window] = (started, None)
         try:
             result = await self._await_generation(request, cancel_signal)
         except BackendContextOverflow as exc:
-            if first:
+            if self._is_task_prompt(pending):
                 raise
-            raise EpisodeStop(
-                Termination.MAX_TOKENS, f"the server refused call {call_index}'s prompt of {len(prompt)} tokens: {exc}"
+            raise ContextWindowFull(
+                f"the server refused call {len(st.episode.calls)}'s prompt of {len(pending.prompt)} tokens: {exc}"
             ) from exc
         finally:
-            self._request_window = (started, time.monotonic())
+            st.windows.pop(window, None)
+            st.last_window = (started, time.monotonic())
             latency = time.monotonic() - started
-            self.model_time_s += latency  # a hung or cancelled request counts too
+            st.model_time_s += latency  # a hung or cancelled request counts too
         if result is None:
             return None, []
         self._validate(result, request)
+        call_index, parsed, truncated = self._commit(pending, request, result, latency)
 
-        # Commit: only a complete, validated response reaches the trajectory.
-        new_bytes = array("q", new_ids).tobytes()
-        sent = self._context_hash.copy()
+        events = self._events(
+            call_index, parsed.reasoning, parsed.content, [] if truncated else parsed.calls, truncated
+        )
+        prompt_len = len(pending.prompt)
+        events.append(
+            {
+                "metadata": {
+                    "usage": {
+                        "inputTokens": prompt_len,
+                        "outputTokens": len(result.token_ids),
+                        "totalTokens": prompt_len + len(result.token_ids),
+                    },
+                    "metrics": {"latencyMs": int(latency * 1000)},
+                }
+            }
+        )
+        logger.debug("episode %s call %d (%s): +%d prompt, %d completion, finish=%s, %d calls (%d bad)",
+                     episode.id, call_index, agent, len(pending.new_ids), len(result.token_ids),
+                     result.finish_reason, len(parsed.calls), parsed.parse_errors)  # fmt: skip
+        return result, events
+
+    def _is_task_prompt(self, pending: _Pending) -> bool:
+        """Whether ``pending`` sends the task's own first prompt (the episode's first call)."""
+        return pending.opens is not None and not self._st.episode.calls and not self._st.conversations
+
+    def _prepare(
+        self,
+        messages: list[dict[str, Any]],
+        tool_specs: list[dict[str, Any]] | None,
+        system: str | None,
+        key: Any,
+        agent: str,
+    ) -> _Pending:
+        """What this call sends: its conversation's context plus the new messages when the history
+        extends it, else a new trajectory's prompt rendering the whole history."""
+        st = self._st
+        tools = tool_specs_to_openai(tool_specs)
+        conversation = st.conversations.get(key)
+        if conversation is not None:
+            agent = conversation.agent  # named at its first call (later calls may see another agent's state)
+        reason, detail = "start" if not st.episode.calls and not st.conversations else "new_agent", ""
+        if conversation is not None:
+            reason, detail = _extension(conversation, messages, system, tools)
+            if not reason:
+                new = messages[len(conversation.seen) + 1 :]
+                st.synthetic_messages += sum(1 for m in new if m.get("role") == "assistant")
+                last = conversation.context[-1] if conversation.context else None
+                new_ids = self.template.continuation(strands_to_hf(new), last, now=st.started_at)
+                return _Pending(key, conversation, None, new_ids, conversation.context + new_ids,
+                                system, tools, list(messages), agent)  # fmt: skip
+        hf = system_message(system) + strands_to_hf(messages)
+        new_ids = self.template.initial_prompt(hf, tools, now=st.started_at)
+        info = TrajectoryInfo(
+            agent=agent,
+            opened_by=reason,
+            detail=detail,
+            rerendered_tokens=len(new_ids) if conversation is not None else 0,
+            trained=st.train_aux_calls or agent != AUX_AGENT,
+        )
+        if conversation is not None or st.episode.calls:
+            logger.debug("episode %s: %s opens a new trajectory (%s%s)", st.episode.id, agent, reason,
+                         f": {detail}" if detail else "")  # fmt: skip
+        return _Pending(key, conversation, info, new_ids, list(new_ids), system, tools, list(messages), agent)
+
+    def _max_tokens(self, pending: _Pending) -> int:
+        """This call's ``max_tokens``: what its trajectory's budgets leave. Raises when nothing is left."""
+        budget = self.budget
+        context_len = len(pending.prompt)
+        opening = pending.opens is not None
+        if opening and budget.max_prompt_tokens is not None and context_len > budget.max_prompt_tokens:
+            detail = f"prompt of {context_len} tokens > max_prompt_tokens={budget.max_prompt_tokens} ({pending.agent})"
+            if self._is_task_prompt(pending):
+                raise ContextOverflow(f"initial {detail}")
+            raise ContextWindowFull(f"a new trajectory's {detail}")
+        max_tokens = budget.max_total_tokens - context_len
+        if budget.max_response_tokens is not None:
+            prompt_len = context_len if opening else pending.previous.prompt_len  # type: ignore[union-attr]
+            max_tokens = min(max_tokens, budget.max_response_tokens - (context_len - prompt_len))
+        if self.sampling.max_tokens_per_call is not None:
+            max_tokens = min(max_tokens, self.sampling.max_tokens_per_call)
+        if max_tokens >= max(1, budget.min_call_tokens if not self._is_task_prompt(pending) else 1):
+            return max_tokens
+        if self._is_task_prompt(pending):  # the task alone does not fit: not the policy's doing
+            raise ContextOverflow(f"the initial prompt ({context_len} tokens) leaves no token budget")
+        room = f" (room for {max_tokens}, min_call_tokens={budget.min_call_tokens})" if max_tokens > 0 else ""
+        # The policy's turns (and the tool results they asked for) used the trajectory's budget up: a
+        # conversation manager may reduce the history (a new trajectory); otherwise the episode ends
+        # max_tokens, as a generation cut by max_tokens does.
+        raise ContextWindowFull(
+            f"token budget used up before call {len(self._st.episode.calls)}: the context is {context_len} "
+            f"tokens ({len(pending.new_ids)} new{' in a new trajectory' if opening else ' after the last response'})"
+            f"{room}"
+        )
+
+    def _commit(
+        self, pending: _Pending, request: GenerationRequest, result: GenerationResult, latency: float
+    ) -> tuple[int, Any, bool]:
+        """Record a complete, validated response; only these reach the trajectory."""
+        st = self._st
+        episode = st.episode
+        call_index = len(episode.calls)
+        opening = pending.opens is not None
+        if opening:
+            trajectory = len(episode.trajectory_info)
+            context_hash = hashlib.blake2b(digest_size=16)
+            info = pending.opens
+            assert info is not None
+            if info.opened_by == "start" and trajectory:  # agents that started at once: one is first
+                info.opened_by = "new_agent"
+            if pending.previous is not None and pending.previous.trajectory < len(episode.trajectory_info):
+                closed = episode.trajectory_info[pending.previous.trajectory]
+                closed.messages = [*pending.previous.seen, pending.previous.response_message]
+        else:
+            assert pending.previous is not None
+            trajectory = pending.previous.trajectory
+            context_hash = pending.previous.context_hash
+        new_bytes = array("q", pending.new_ids).tobytes()
+        sent = context_hash.copy()
         sent.update(new_bytes)
         digest = sent.hexdigest()  # == episode.token_digest(prompt), without rehashing the context
-        kind = SegmentKind.PROMPT if first else SegmentKind.ENV
-        self.episode.append(Segment(kind, new_ids, call_index))
-        self.episode.append(Segment(SegmentKind.MODEL, list(result.token_ids), call_index, result.logprobs))
-        if first:
-            self._prompt_len = len(new_ids)
-        self._context.extend(new_ids)
-        self._context.extend(result.token_ids)
-        self._context_hash.update(new_bytes)
-        self._context_hash.update(array("q", result.token_ids).tobytes())
-        self._consumed = len(messages) + 1
-
         _, parsed = self.template.parse(result.token_ids)
         call = ModelCall(
             index=call_index,
-            context_tokens=len(prompt),
-            new_tokens=len(new_ids),
+            context_tokens=len(pending.prompt),
+            new_tokens=len(pending.new_ids),
             completion_tokens=len(result.token_ids),
-            max_tokens=max_tokens,
+            max_tokens=request.max_tokens,
             finish_reason=result.finish_reason,
             sent_digest=digest,
             latency_s=latency,
@@ -299,65 +563,42 @@ class TokenModel(Model):
             tool_calls=len(parsed.calls),
             parse_errors=parsed.parse_errors,
             reasoning_unclosed=parsed.reasoning_unclosed,
-            message_index=len(messages),
+            message_index=len(pending.messages),
+            trajectory=trajectory,
         )
         truncated = result.finish_reason == FINISH_LENGTH
         if truncated:  # the cut-off calls are never executed: no parse error reached the model
             call.parse_errors, call.tool_calls = 0, 0
-        self.episode.calls.append(call)
-        self.episode.parse_errors += call.parse_errors
+        kind = SegmentKind.PROMPT if opening else SegmentKind.ENV
+        episode.commit_call(
+            pending.opens,
+            Segment(kind, pending.new_ids, call_index),
+            Segment(SegmentKind.MODEL, list(result.token_ids), call_index, result.logprobs),
+            call,
+        )
+        episode.parse_errors += call.parse_errors
+        context_hash.update(new_bytes)
+        context_hash.update(array("q", result.token_ids).tobytes())
+        calls = [] if truncated else parsed.calls
+        tool_ids = [f"call_{call_index}_{i}" for i in range(len(calls))]
+        text = parsed.content or ""
+        st.conversations[pending.key] = _Conversation(
+            trajectory=trajectory,
+            agent=pending.agent,
+            system=pending.system,
+            tools=pending.tools,
+            context=pending.prompt + list(result.token_ids),
+            context_hash=context_hash,
+            prompt_len=len(pending.prompt) if opening else pending.previous.prompt_len,  # type: ignore[union-attr]
+            seen=pending.messages,
+            response=(text, tool_ids),
+            response_message=_response_message(parsed.reasoning, text, calls, tool_ids),
+        )
         if not truncated and call_index == self.budget.max_turns - 1:
             # The last call the budget allows: its tool calls would run, but their results could
             # never reach the trajectory (no call follows). They are not executed.
-            self._turn_limit_calls.update(f"call_{call_index}_{i}" for i in range(len(parsed.calls)))
-        events = self._events(
-            call_index, parsed.reasoning, parsed.content, [] if truncated else parsed.calls, truncated
-        )
-        events.append(
-            {
-                "metadata": {
-                    "usage": {
-                        "inputTokens": len(prompt),
-                        "outputTokens": len(result.token_ids),
-                        "totalTokens": len(prompt) + len(result.token_ids),
-                    },
-                    "metrics": {"latencyMs": int(latency * 1000)},
-                }
-            }
-        )
-        logger.debug("episode %s call %d: +%d prompt, %d completion, finish=%s, %d calls (%d bad)",
-                     self.episode.id, call_index, len(new_ids), len(result.token_ids), result.finish_reason,
-                     len(parsed.calls), parsed.parse_errors)  # fmt: skip
-        return result, events
-
-    def _new_prompt_ids(
-        self, messages: list[dict[str, Any]], tool_specs: list[dict[str, Any]] | None, system: str | None
-    ) -> list[int]:
-        tools = tool_specs_to_openai(tool_specs)
-        if not self._frozen:
-            self._frozen = True
-            self._system, self._tools = system, tools
-            self._tool_names = [t["function"]["name"] for t in tools or []]
-            hf = system_message(system) + strands_to_hf(messages)
-            return self.template.initial_prompt(hf, tools, now=self._started_at)
-        if system != self._system:
-            raise TrajectoryDivergence("the system prompt changed mid-episode")
-        if tools != self._tools:
-            raise TrajectoryDivergence("the tool list changed mid-episode (tools are rendered once per episode)")
-        n = len(messages)
-        if n == self._consumed - 1:
-            raise TrajectoryDivergence(
-                "the model was called again without the previous response in the history "
-                "(a hook retried a completed model call, or the response was discarded)"
-            )
-        if n < self._consumed or messages[self._consumed - 1].get("role") != "assistant":
-            raise TrajectoryDivergence("the message history no longer contains the responses of this episode")
-        new = messages[self._consumed :]
-        if not new:
-            raise TrajectoryDivergence("the model was called again with no new message")
-        self.synthetic_messages += sum(1 for m in new if m.get("role") == "assistant")
-        last = self._context[-1] if self._context else None
-        return self.template.continuation(strands_to_hf(new), last, now=self._started_at)
+            st.turn_limit_calls.update(tool_ids)
+        return call_index, parsed, truncated
 
     async def _await_generation(
         self, request: GenerationRequest, cancel_signal: threading.Event | None
@@ -365,7 +606,7 @@ class TokenModel(Model):
         task = asyncio.ensure_future(self.backend.generate(request))
         try:
             while True:
-                remaining = self._deadline - time.monotonic()
+                remaining = self._st.deadline - time.monotonic()
                 wait_s = max(0.0, (remaining if cancel_signal is None else min(_CANCEL_POLL_S, remaining))) + 0.001
                 done, _ = await asyncio.wait({task}, timeout=wait_s)
                 if done:
@@ -374,7 +615,7 @@ class TokenModel(Model):
                 if cancel_signal is not None and cancel_signal.is_set():
                     task.cancel()
                     return None
-                if time.monotonic() > self._deadline:
+                if time.monotonic() > self._st.deadline:
                     task.cancel()
                     raise BackendTimeout("the wall-clock budget ran out while waiting for the inference server")
         except BaseException:
@@ -478,7 +719,10 @@ class TrajectoryHooks(HookProvider):
             return
         if event.selected_tool is None:
             name = event.tool_use.get("name", "")
-            available = ", ".join(self.model._tool_names) or "none"
+            names = getattr(event.agent, "tool_names", None)
+            if not isinstance(names, list):
+                names = list(getattr(self.model, "_tool_names", []))
+            available = ", ".join(str(n) for n in names) or "none"
             event.cancel_tool = f"Error: unknown tool {name!r}. Available tools: {available}."
             self.model._cancelled_calls.add(tool_use_id)
             self.model.episode.unknown_tool_calls += 1
@@ -609,6 +853,75 @@ def cap_tool_result(result: dict[str, Any], max_chars: int) -> dict[str, Any]:
         room -= len(text[:room])
     kept.append({"text": f"\n[... output truncated: {total - max_chars} more characters]"})
     return {**result, "content": kept}
+
+
+def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[str, Any] | None) -> tuple[Any, str]:
+    """(conversation key, agent name) of a call. Strands hands every model call the ``model_state`` of
+    the agent making it (kept per agent, written back after a successful call): the key lives there. A
+    call without one (a summariser calling ``model.stream`` directly) is the ``aux`` conversation."""
+    if not isinstance(model_state, dict):
+        return None, AUX_AGENT
+    key = model_state.get(_STATE_KEY)
+    if not isinstance(key, str):
+        key = model_state[_STATE_KEY] = uuid.uuid4().hex
+    agent = invocation_state.get("agent") if isinstance(invocation_state, dict) else None
+    name = getattr(agent, "name", None)
+    return key, name if isinstance(name, str) and name else "agent"
+
+
+def _extension(
+    conversation: _Conversation, messages: list[dict[str, Any]], system: str | None, tools: Any
+) -> tuple[str, str]:
+    """("", "") when ``messages`` (with ``system`` and ``tools``) extend what ``conversation``'s last call
+    saw, else (why a new trajectory opens, detail)."""
+    if system != conversation.system:
+        return "system_prompt_changed", "the system prompt changed"
+    if tools != conversation.tools:
+        return "tools_changed", "the tool list changed (tools are rendered once per trajectory)"
+    seen = conversation.seen
+    n = len(seen)
+    if len(messages) < n or messages[:n] != seen:  # one comparison in C (identical messages compare by identity)
+        pairs = zip(messages, seen, strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(messages), n))
+        return "history_rewritten", (
+            f"the history changed from message {first} on ({n} messages seen, {len(messages)} given): trimmed, "
+            "summarised or edited"
+        )
+    if len(messages) == n or not _is_response(messages[n], conversation.response):
+        return "history_rewritten", (
+            "the previous response is not next in the history (a hook retried a completed call or edited or "
+            "discarded its response)"
+        )
+    if len(messages) == n + 1:
+        return "history_rewritten", "called again with no new message after the previous response"
+    return "", ""
+
+
+def _is_response(message: Any, expected: tuple[str, list[str]]) -> bool:
+    """Whether ``message`` is the assistant message Strands built from a response (its text and its tool
+    use ids)."""
+    if not isinstance(message, dict) or message.get("role") != "assistant":
+        return False
+    text, tool_ids = expected
+    blocks = [b for b in message.get("content") or [] if isinstance(b, dict)]
+    ids = [str(b["toolUse"].get("toolUseId")) for b in blocks if isinstance(b.get("toolUse"), dict)]
+    if ids != tool_ids:
+        return False
+    texts = "".join(b["text"] for b in blocks if isinstance(b.get("text"), str))
+    return texts.strip() == text.strip() or (not text and texts == "[blank text]")
+
+
+def _response_message(reasoning: str | None, text: str, calls: list[ParsedCall], tool_ids: list[str]) -> dict[str, Any]:
+    """The assistant message a response becomes (for the trajectory record)."""
+    content: list[dict[str, Any]] = []
+    if reasoning:
+        content.append({"reasoningContent": {"reasoningText": {"text": reasoning}}})
+    if text:
+        content.append({"text": text})
+    for parsed, tool_use_id in zip(calls, tool_ids, strict=True):
+        name = parsed.name if parsed.ok else (parsed.name or INVALID_CALL_NAME)
+        content.append({"toolUse": {"toolUseId": tool_use_id, "name": name, "input": parsed.arguments or {}}})
+    return {"role": "assistant", "content": content}
 
 
 def _system_text(system_prompt: str | None, content: list[dict[str, Any]] | None) -> str | None:

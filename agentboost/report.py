@@ -1,4 +1,10 @@
-"""Aggregate episodes into the numbers people look at: reward, terminations, tool usage, tokens."""
+"""Aggregate episodes into the numbers people look at: reward, terminations, tool usage, tokens.
+
+Token counts are over every trajectory of an episode. An episode of several trajectories (a
+conversation manager rewrote the history, several agents ran) is counted once; ``trajectories_mean``,
+``multi_trajectory_episodes`` and ``rerendered_tokens_mean`` (prompt tokens that render again what an
+earlier trajectory of the same agent held) say how much splitting happened, and the Markdown shows them
+when any episode has several trajectories."""
 
 from __future__ import annotations
 
@@ -41,9 +47,12 @@ def summarize(episodes: Iterable[Episode]) -> dict[str, Any]:
         "parse_errors": sum(e.parse_errors for e in episodes),
         "unknown_tool_calls": sum(e.unknown_tool_calls for e in episodes),
         "tools": dict(sorted(tools.items())),
-        "prompt_tokens_mean": _mean(len(e.prompt_ids) for e in episodes),
-        "response_tokens_mean": _mean(len(e.response_ids) for e in episodes),
+        "prompt_tokens_mean": _mean(e.num_prompt_tokens for e in episodes),
+        "response_tokens_mean": _mean(e.num_response_tokens for e in episodes),
         "model_tokens_mean": _mean(e.num_model_tokens for e in episodes),
+        "trajectories_mean": _mean(e.num_trajectories for e in episodes),
+        "multi_trajectory_episodes": sum(e.num_trajectories > 1 for e in episodes),
+        "rerendered_tokens_mean": _mean(e.rerendered_tokens for e in episodes),
         "wall_s_mean": _mean(e.timings.get("wall_s", 0.0) for e in episodes),
     }
 
@@ -74,6 +83,14 @@ def markdown(summary: dict[str, Any], title: str = "Rollout summary") -> str:
         f"| unknown-tool calls | {summary['unknown_tool_calls']} |",
         f"| prompt / response / model tokens (mean) | {summary['prompt_tokens_mean']:.1f} / "
         f"{summary['response_tokens_mean']:.1f} / {summary['model_tokens_mean']:.1f} |",
+    ]
+    if summary.get("multi_trajectory_episodes"):
+        lines += [
+            f"| trajectories / episode | {summary['trajectories_mean']:.2f} "
+            f"({summary['multi_trajectory_episodes']} episodes of several) |",
+            f"| re-rendered prompt tokens / episode | {summary['rerendered_tokens_mean']:.1f} |",
+        ]
+    lines += [
         "",
         "| termination | episodes |",
         "|---|---|",

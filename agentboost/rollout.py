@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
+from .agents.multiagent import final_messages, invoke, is_multiagent, stop_reason_termination, system_prompt_of
 from .agents.strands_agent import StrandsAgent
 from .backends.base import GenerationBackend, describe_backend
 from .chat.template import ChatTemplate
 from .environments.strands_env import StrandsEnv
 from .episode import Episode
-from .errors import termination_of
+from .errors import ContextWindowFull, termination_of
 from .model import TokenModel
 from .types import DEFAULT_MASKED_TERMINATIONS, Budget, SamplingParams, Termination
 
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 _TIMEOUT_GRACE_S = 1.0
 _OUR_STOPS = {
     "EpisodeStop", "ContextOverflow", "EpisodeTimeout", "BackendError", "BackendContextOverflow",
-    "BackendTimeout", "TrajectoryDivergence", "UnsupportedContent", "TemplateError",
+    "BackendTimeout", "TrajectoryDivergence", "UnsupportedContent", "TemplateError", "ContextWindowFull",
 }  # fmt: skip
 
 
@@ -65,6 +66,10 @@ class RolloutSettings:
     masked_terminations: frozenset[Termination] = DEFAULT_MASKED_TERMINATIONS
     mask_truncated: bool = False
     """Also mask ``max_tokens`` / ``max_turns`` episodes (DAPO-style overlong filtering)."""
+    train_aux_calls: bool = True
+    """Train on the calls made through the policy without an agent (a conversation manager's summariser
+    calling the model directly); they are recorded either way. Calls through another model are never
+    recorded."""
 
     def is_masked(self, termination: Termination) -> bool:
         if termination in self.masked_terminations:
@@ -77,6 +82,7 @@ class RolloutSettings:
             "budget": self.budget.to_dict(),
             "masked_terminations": sorted(t.value for t in self.masked_terminations),
             "mask_truncated": self.mask_truncated,
+            "train_aux_calls": self.train_aux_calls,
         }
 
     @classmethod
@@ -90,17 +96,11 @@ class RolloutSettings:
                 frozenset(Termination(t) for t in masked) if masked is not None else DEFAULT_MASKED_TERMINATIONS
             ),
             mask_truncated=bool(data.get("mask_truncated", False)),
+            train_aux_calls=bool(data.get("train_aux_calls", True)),
         )
 
 
-def _stop_reason_termination(stop_reason: str) -> tuple[Termination, str]:
-    if stop_reason in ("end_turn", "stop_sequence"):
-        return Termination.COMPLETED, ""
-    if stop_reason in ("max_tokens", "limit_output_tokens", "limit_total_tokens"):
-        return Termination.MAX_TOKENS, f"stop_reason={stop_reason}"
-    if stop_reason in ("limit_turns",):
-        return Termination.MAX_TURNS, f"stop_reason={stop_reason}"
-    return Termination.INFRA_ERROR, f"the agent stopped with stop_reason={stop_reason!r}"
+_stop_reason_termination = stop_reason_termination  # the name this module used before
 
 
 def _exception_termination(exc: BaseException, calls_made: int) -> tuple[Termination, str]:
@@ -113,18 +113,35 @@ def _exception_termination(exc: BaseException, calls_made: int) -> tuple[Termina
         if isinstance(current, MaxTokensReachedException):
             return Termination.MAX_TOKENS, "a generation reached max_tokens"
         if isinstance(current, ContextWindowOverflowException):
-            # Before the first response it is the task's prompt; afterwards the policy filled the context.
-            return (Termination.MAX_TOKENS if calls_made else Termination.CONTEXT_OVERFLOW), str(current)
+            # Before the first response it is the task's prompt; afterwards the policy filled the context
+            # (and no conversation manager could make room: the detail of agentboost's own stop is kept).
+            full = _cause_of_type(current, ContextWindowFull)
+            detail = full.detail if full is not None and full is not current else str(current)
+            if full is not None and full is not current:
+                detail = f"{current}: {detail}"
+            return (Termination.MAX_TOKENS if calls_made else Termination.CONTEXT_OVERFLOW), detail
         if isinstance(current, RecursionError):
             return Termination.INFRA_ERROR, "RecursionError in the Strands event loop (raise max recursion depth)"
         current = current.__cause__ or current.__context__
     return termination_of(exc)
 
 
+def _cause_of_type(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _check_messages(episode: Episode) -> None:
     for call in episode.calls:
         index = call.message_index
-        if not (0 <= index < len(episode.messages)) or episode.messages[index].get("role") != "assistant":
+        history = episode.messages_of(call.trajectory)
+        if not (0 <= index < len(history)) or history[index].get("role") != "assistant":
             raise ValueError(f"call {call.index}: its response is not in the message history at position {index}")
 
 
@@ -154,6 +171,7 @@ async def run_episode(
         budget=budget,
         episode_id=episode_id or uuid.uuid4().hex,
         group_id=group_id,
+        **({"train_aux_calls": settings.train_aux_calls} if make_model is TokenModel else {}),
     )
     model.start_clock(deadline)
     episode = model.episode
@@ -184,13 +202,12 @@ async def run_episode(
             # Strands' own turn limit ends the loop gracefully at a message boundary; the TokenModel
             # enforces the same budget as a backstop.
             turns_left = max(1, budget.max_turns - len(episode.calls))
-            invocation = strands_agent.invoke_async(prompt, limits={"turns": turns_left})
-            result = await asyncio.wait_for(invocation, timeout=left() + _TIMEOUT_GRACE_S)
-            termination, detail = _stop_reason_termination(str(result.stop_reason))
+            invocation = invoke(strands_agent, prompt, turns_left=turns_left)
+            termination, detail = await asyncio.wait_for(invocation, timeout=left() + _TIMEOUT_GRACE_S)
             if termination is not Termination.COMPLETED:
                 break
             phase = "environment (next user turn)"
-            prompt = await asyncio.wait_for(env.next_user_message(strands_agent.messages), timeout=left())
+            prompt = await asyncio.wait_for(env.next_user_message(final_messages(strands_agent)), timeout=left())
     except (TimeoutError, asyncio.TimeoutError):
         used = f"wall-clock budget of {budget.wall_clock_s}s used up"
         if phase == "agent" and not model.waiting_on_server_at(deadline):
@@ -207,7 +224,10 @@ async def run_episode(
     rollout_done = time.monotonic()
 
     if strands_agent is not None:
-        episode.messages = [dict(m) for m in strands_agent.messages]
+        episode.messages = [dict(m) for m in final_messages(strands_agent)]
+    close = getattr(model, "close_trajectories", None)
+    if callable(close):
+        close(episode.messages, always=is_multiagent(strands_agent))
     try:
         episode.check_invariants()
         _check_messages(episode)
@@ -240,6 +260,7 @@ async def run_episode(
             episode.reward = float(output.reward)
             episode.reward_metrics = dict(output.metrics)
             episode.is_correct = output.is_correct
+            episode.role_rewards = {str(k): float(v) for k, v in (output.role_rewards or {}).items()}
         reward_s = time.monotonic() - reward_started
 
     episode.termination, episode.termination_detail = termination, detail
@@ -261,7 +282,7 @@ async def run_episode(
             "validation": env.validation,
         }
     )
-    agent.record(episode, system_prompt=getattr(strands_agent, "system_prompt", None))
+    agent.record(episode, system_prompt=system_prompt_of(strands_agent))
     try:
         env.close()
     except Exception:

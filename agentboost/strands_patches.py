@@ -25,10 +25,9 @@ agent it is given, leaving every other agent of the process on upstream's code:
   history's message (one ``==`` over the history per call, which runs in C). Every other deep copy of
   the history (snapshots, sessions) is upstream's;
 * the normalisation runs per message and its result is reused while neither the message nor the
-  normalised copy has changed (the same ``==`` check). A model can declare that its next call does not
-  read the leading messages of the history (``history_reads_from``: agentboost's ``TokenModel`` reads
-  only the previous response's message and what follows, earlier turns are already tokens); their
-  normalised copies are then handed out unchecked, so a call touches only the messages it reads;
+  normalised copy has changed (the same ``==`` check over the history, in C), so an unchanged message
+  is handed to the model as the same object from call to call (agentboost's ``TokenModel`` then compares
+  the history with what it saw by identity, and sees every edit of an old message);
 * the tracer skips building span events for this agent's messages when the span is not recording (a
   non-recording span drops them anyway); with a tracer provider configured nothing changes;
 * the event loop is driven by a trampoline: when a cycle recurses, the next cycle's generator is driven
@@ -107,7 +106,6 @@ class _History(list):  # type: ignore[type-arg]
             # the model: the history's own messages stand in for copies. The model is this agent's.
             view = _ModelView(self)
             view._history = self
-            view._unread = _unread_prefix(agent.model, len(self))
             return view
         copies = self._copies
         del copies[len(self) :]
@@ -124,13 +122,11 @@ class _History(list):  # type: ignore[type-arg]
 class _ModelView(list):  # type: ignore[type-arg]
     """The history copy one model call works on (``InvokeModelContext.messages``)."""
 
-    __slots__ = ("_history", "_unread")
+    __slots__ = ("_history",)
 
     def __init__(self, messages: Any = ()) -> None:
         super().__init__(messages)
         self._history: _History | None = None
-        self._unread = 0
-        """Leading messages the model declared it does not read in this call."""
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return list, (list(self),)
@@ -144,13 +140,6 @@ def _equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # content whose == does not give a bool (arrays): never reused
         return False
-
-
-def _unread_prefix(model: Any, n: int) -> int:
-    """How many leading messages ``model`` does not read in its next call: its ``history_reads_from``
-    (TokenModel reads only the previous response and what follows it), 0 for models that do not say."""
-    reads_from = getattr(model, "history_reads_from", 0)
-    return min(reads_from, n) if isinstance(reads_from, int) and reads_from > 0 else 0
 
 
 _model_call_code: types.CodeType | None = None
@@ -174,8 +163,7 @@ def _called_from_model_call() -> bool:
 
 def _normalize_messages(messages: Any) -> Any:
     """Strands' normalisation, run per message and reused while neither the message nor its normalised
-    copy has changed since (a model-call view only; anything else goes to upstream as is). Messages
-    the model declared it does not read are handed out as they were normalised, unchecked."""
+    copy has changed since (a model-call view only; anything else goes to upstream as is)."""
     upstream = _upstream["normalize"]
     history = messages._history if type(messages) is _ModelView else None
     if history is None:
@@ -185,9 +173,8 @@ def _normalize_messages(messages: Any) -> Any:
     for cache in (want, out, out_ref):
         del cache[n:]
     kept = len(out)
-    lo = min(messages._unread, kept)
-    if not (_equal(messages[lo:kept], want[lo:]) and _equal(out[lo:], out_ref[lo:])):
-        for i in range(lo, kept):
+    if not (_equal(messages[:kept], want) and _equal(out, out_ref)):
+        for i in range(kept):
             if not (_equal(messages[i], want[i]) and _equal(out[i], out_ref[i])):
                 want[i], out[i], out_ref[i] = _normalize_one(upstream, messages[i])
     for message in messages[kept:]:

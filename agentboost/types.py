@@ -108,12 +108,17 @@ class SamplingParams:
 class Budget:
     """Per-episode limits. Every wait and every length is capped.
 
-    * ``max_turns``: model calls per episode.
-    * ``max_total_tokens``: prompt + response tokens of the whole episode (the context window the
-      trainer and the server must hold). Each call's ``max_tokens`` is the remaining budget.
-    * ``max_prompt_tokens``: cap on the initial prompt (rLLM's ``data.max_prompt_length``).
-    * ``max_response_tokens``: cap on everything after the initial prompt, model and tool tokens
+    * ``max_turns``: model calls per episode (every agent's, every trajectory's).
+    * ``max_total_tokens``: prompt + response tokens of a trajectory (the context window the trainer and
+      the server must hold; an episode of one trajectory is that trajectory). Each call's ``max_tokens``
+      is what its trajectory has left.
+    * ``max_prompt_tokens``: cap on a trajectory's prompt (rLLM's ``data.max_prompt_length``).
+    * ``max_response_tokens``: cap on everything after a trajectory's prompt, model and tool tokens
       together (rLLM's ``data.max_response_length``).
+    * ``min_call_tokens``: a call is made only if its trajectory has room for this many new tokens;
+      otherwise the context is full (a conversation manager may reduce the history and go on in a new
+      trajectory, else the episode ends ``max_tokens``). Set it to the longest reply you expect when
+      the agent trims or summarises its history, so that happens before a reply is cut.
     * ``wall_clock_s``: the whole episode, tools included. ``reward_timeout_s``: the reward function.
     * ``max_tool_errors``: failed tool calls (incl. unparseable calls) before ``tool_error``.
     * ``tool_timeout_s``: one tool call; a call past it returns an error result to the agent.
@@ -129,12 +134,15 @@ class Budget:
     max_tool_errors: int | None = None
     tool_timeout_s: float | None = 120.0
     max_tool_output_chars: int | None = 32_768
+    min_call_tokens: int = 1
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         if self.max_total_tokens < 2:
             raise ValueError("max_total_tokens must be >= 2")
+        if self.min_call_tokens < 1:
+            raise ValueError("min_call_tokens must be >= 1")
         for name in ("max_prompt_tokens", "max_response_tokens", "max_tool_errors", "max_tool_output_chars"):
             value = getattr(self, name)
             if value is not None and value < (0 if name == "max_tool_errors" else 1):
@@ -161,3 +169,7 @@ class RewardOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     is_correct: bool | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    role_rewards: dict[str, float] = field(default_factory=dict)
+    """Rewards per agent (by the agent's Strands ``name``, ``aux`` for calls without an agent) in a
+    multi-agent episode; an agent not named gets ``reward``. Each agent's advantage is computed on its
+    own reward within the task's group."""

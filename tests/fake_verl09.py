@@ -74,6 +74,7 @@ def trainer_config(**overrides: Any) -> Config:
             }
         },
         "data": {"apply_chat_template_kwargs": {}},
+        "trainer": {"use_v1": True},
     }  # fmt: skip
     for path, value in overrides.items():
         node = config

@@ -124,6 +124,38 @@ def test_report_counts_successes_per_task() -> None:
     assert data["tasks"] == 6 and data["samples_per_task"] == 3
 
 
+def test_summaries_count_trajectories_of_episodes_that_split(qwen25_template, tmp_path) -> None:
+    from agentboost.evaluation.compare import compare_runs
+    from agentboost.evaluation.report import EvalReport
+    from agentboost.report import markdown, summarize
+    from tests.viewer_episodes import make_episodes, make_multi_trajectory_episodes, write_jsonl
+
+    single = make_episodes(qwen25_template)[:3]  # one trajectory each
+    multi = make_multi_trajectory_episodes(qwen25_template)  # 6, 2 and 3 trajectories
+    summary = summarize(single + multi)  # counts every trajectory's tokens; reads no single-trajectory view
+    assert summary["trajectories_mean"] == pytest.approx((3 + 6 + 2 + 3) / 6)
+    assert summary["multi_trajectory_episodes"] == 3
+    assert summary["rerendered_tokens_mean"] == pytest.approx(sum(e.rerendered_tokens for e in multi) / 6)
+    assert summary["rerendered_tokens_mean"] > 0
+    assert summary["prompt_tokens_mean"] == pytest.approx(sum(e.num_prompt_tokens for e in single + multi) / 6)
+    text = markdown(summary)
+    assert "| trajectories / episode | 2.33 (3 episodes of several) |" in text
+    assert "| re-rendered prompt tokens / episode |" in text
+    assert "trajectories" not in markdown(summarize(single))  # runs that never split read as before
+    report = build_report(single + multi, ks=[1]).data
+    assert report["summary"]["multi_trajectory_episodes"] == 3
+    assert "| trajectories / episode |" in EvalReport(report).to_markdown()
+
+    for name, episodes in (("a", single + multi[:1]), ("b", single + multi[:1]), ("c", single)):
+        (tmp_path / name).mkdir()
+        write_jsonl(tmp_path / name / "episodes.jsonl", episodes)
+    plain = compare_runs(tmp_path / "c", tmp_path / "c").data["metrics"]
+    assert not [row for row in plain if "trajector" in row["metric"] or "re-rendered" in row["metric"]]
+    metrics = {row["metric"]: row for row in compare_runs(tmp_path / "a", tmp_path / "b").data["metrics"]}
+    row = metrics["trajectories / episode"]
+    assert row["a"] == pytest.approx(9 / 4) and row["delta"] == 0 and "re-rendered prompt tokens / episode" in metrics
+
+
 # -- end to end: kill and resume ----------------------------------------------------------------
 def _eval_cmd(data: Path, out: Path, n: int, workers: int) -> list[str]:
     return [sys.executable, "-m", "agentboost.cli.main", "eval", "--env", "tests.eval_tools:LoggedEnv",

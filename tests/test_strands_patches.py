@@ -120,8 +120,9 @@ def test_episodes_identical_with_the_adapter_on_and_off(monkeypatch, config: str
 
 
 class HistoryEditor(HookProvider):
-    """Rewrites an *old* message of the history in place whenever a message is added (the token
-    trajectory never re-reads it), and records the generator depth at every model call."""
+    """Rewrites an *old* message of the history in place whenever a message is added (so every call
+    sees a history that is not an extension of the last one: a new trajectory each time, with the
+    adapter on as off), and records the generator depth at every model call."""
 
     def __init__(self) -> None:
         self.depths: list[int] = []
@@ -187,6 +188,8 @@ def test_long_episode_identical_and_flat(monkeypatch) -> None:
     assert fingerprint(on) == fingerprint(off)
     assert on.termination.value == "completed" and len(on.calls) == calls
     assert on.messages[0]["content"][0]["text"].endswith("!" * (2 * calls - 1))  # the edits did happen
+    assert on.num_trajectories == calls  # ... and the model saw every one of them
+    assert {info.opened_by for info in on.trajectory_info[1:]} == {"history_rewritten"}
 
     # Upstream copies the whole history (twice) per call and recurses once per cycle ...
     assert sum(off_copies[-10:]) > 4 * sum(off_copies[2:12])

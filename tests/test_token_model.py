@@ -13,8 +13,9 @@ from strands.hooks import AfterModelCallEvent
 from agentboost.agents.strands_agent import StrandsAgent, agent_defaults, check_agent
 from agentboost.backends.base import GenerationResult
 from agentboost.backends.scripted import ScriptedBackend, text_script
+from agentboost.chat.messages import strands_to_hf, tool_specs_to_openai
 from agentboost.episode import SegmentKind
-from agentboost.errors import BackendError, TrajectoryDivergence
+from agentboost.errors import BackendError
 from agentboost.model import TokenModel
 from agentboost.rollout import RolloutSettings
 from agentboost.types import Budget, SamplingParams, Termination
@@ -111,9 +112,9 @@ def test_each_call_max_tokens_is_the_remaining_budget(qwen25_template) -> None:
         assert call.max_tokens == request.max_tokens
 
 
-def test_hook_retry_of_a_completed_call_is_detected(qwen25_template) -> None:
-    """A hook that re-runs a successful model call would put tokens in the trajectory that the
-    history does not have: detected, typed infra_error, masked."""
+def test_hook_retry_of_a_completed_call_opens_a_new_trajectory(qwen25_template) -> None:
+    """A hook that re-runs a successful model call discards its response: the history no longer extends
+    what the model saw, so the retry opens a new trajectory (each one token-exact)."""
     texts = [calls_text("hermes", [("add", {"a": 2, "b": 3})]), "20", "20"]
     retried = []
 
@@ -131,11 +132,15 @@ def test_hook_retry_of_a_completed_call_is_detected(qwen25_template) -> None:
     env = StrandsEnv({"prompt": "q"}, tools=[add], reward_fn=lambda t, e: 1.0)
     backend = ScriptedBackend(text_script(qwen25_template, texts))
     episode = asyncio.run(run_episode(env, StrandsAgent(factory), backend, qwen25_template))
-    assert episode.termination is Termination.INFRA_ERROR
-    assert "again without the previous response" in episode.termination_detail
-    assert episode.masked and episode.reward == 0.0
-    assert sum(episode.response_mask) == 0
-    episode.check_invariants()  # what was committed is still consistent
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert not episode.masked and episode.reward == 1.0
+    first, second = episode.trajectories
+    assert [t.info.opened_by for t in episode.trajectories] == ["start", "history_rewritten"]
+    assert "previous response is not next" in second.info.detail
+    assert first.prompt_ids == second.prompt_ids  # the retry was given the same history
+    assert len(first.calls) == 1 and len(second.calls) == 1 and episode.final_text == "20"
+    assert second.info.rerendered_tokens == len(second.prompt_ids)
+    episode.check_invariants()
 
 
 def test_server_prompt_echo_mismatch_is_divergence(qwen25_template) -> None:
@@ -190,7 +195,7 @@ def test_model_is_not_reentrant(qwen25_template) -> None:
         return await asyncio.gather(drain(), drain(), return_exceptions=True)
 
     results = asyncio.run(go())
-    assert any(isinstance(r, RuntimeError) and "re-entrant" in str(r) for r in results)
+    assert any(isinstance(r, RuntimeError) and "in flight" in str(r) for r in results)
 
 
 def test_cancel_signal_aborts_without_committing(qwen25_template) -> None:
@@ -234,18 +239,18 @@ def test_structured_output_is_refused(qwen25_template) -> None:
         asyncio.run(go())
 
 
-def test_agent_checks_refuse_trimming_conversation_managers(qwen25_template) -> None:
+def test_agent_checks_accept_conversation_managers_and_refuse_other_models(qwen25_template) -> None:
     from strands.agent.conversation_manager import SlidingWindowConversationManager
 
     model = TokenModel(ScriptedBackend([[1]]), qwen25_template)
-    with pytest.raises(ValueError, match="SlidingWindowConversationManager"):
-        check_agent(Agent(model=model, conversation_manager=SlidingWindowConversationManager()), model)
+    check_agent(Agent(model=model, conversation_manager=SlidingWindowConversationManager()), model)
+    check_agent(Agent(model=model.sibling(sampling=SamplingParams(temperature=0.5))), model)
     with pytest.raises(ValueError, match="TokenModel"):
         check_agent(Agent(model=TokenModel(ScriptedBackend([[1]]), qwen25_template), **agent_defaults()), model)
     check_agent(Agent(model=model, **agent_defaults()), model)
 
 
-def test_tool_specs_are_frozen_per_episode(qwen25_template) -> None:
+def test_a_changed_tool_list_opens_a_new_trajectory(qwen25_template) -> None:
     texts = ["x", "y"]
     model = TokenModel(ScriptedBackend(text_script(qwen25_template, texts)), qwen25_template)
 
@@ -255,8 +260,22 @@ def test_tool_specs_are_frozen_per_episode(qwen25_template) -> None:
         msgs += [{"role": "assistant", "content": [{"text": "x"}]}, {"role": "user", "content": [{"text": "more"}]}]
         [e async for e in model.stream(msgs, [add.tool_spec, mul.tool_spec], None)]
 
-    with pytest.raises(TrajectoryDivergence, match="tool list changed"):
-        asyncio.run(go())
+    asyncio.run(go())
+    episode = model.episode
+    assert [t.opened_by for t in episode.trajectory_info] == ["start", "tools_changed"]
+    second = episode.trajectories[1]
+    assert second.prompt_ids == qwen25_template.initial_prompt(
+        strands_to_hf(msgs_after_first()), tool_specs_to_openai([add.tool_spec, mul.tool_spec])
+    )
+    episode.check_invariants()
+
+
+def msgs_after_first() -> list[dict]:
+    return [
+        {"role": "user", "content": [{"text": "hi"}]},
+        {"role": "assistant", "content": [{"text": "x"}]},
+        {"role": "user", "content": [{"text": "more"}]},
+    ]
 
 
 def test_backend_error_type_maps_to_infra_error(qwen25_template) -> None:

@@ -296,3 +296,81 @@ def test_install_registers_loop_and_estimator_and_refuses_other_versions() -> No
     assert "_target_: agentboost.integration.verl_agent_loop.StrandsAgentLoop" in (
         verl_agent_loop.AGENT_LOOP_CONFIG.read_text()
     )
+
+
+# -- episodes of several trajectories (README, "Agents that rewrite their history") ------------------------
+WINDOWED = {"agent_args": {"agent_factory": "agentboost.environments.arithmetic:windowed_agent"}}
+
+
+def test_an_episode_of_several_trajectories_is_one_output_per_trajectory_under_v1(loop_cls, qwen25_template) -> None:
+    config, servers, client = stack(qwen25_template)
+    questions = ["2 + 3", "7 * 6"]
+    outputs = run(loop_cls, qwen25_template, [row(q, f"u{i}") for i, q in enumerate(questions)], config=config,
+                  client=client, entry=WINDOWED)  # fmt: skip
+    calls = client.calls
+    for question, out in zip(questions, outputs, strict=True):
+        assert question in qwen25_template.decode(out[0].prompt_ids)
+        assert isinstance(out, list) and len(out) == 2  # the tool call, then the answer given its result
+        first, second = out
+        assert first.extra_fields["strands"]["trajectory"] == 0 and second.extra_fields["strands"]["trajectory"] == 1
+        assert first.reward_score == second.reward_score == 1.0  # the episode's reward on every row
+        # Each row is exactly what one server call was sent and sampled.
+        for part in out:
+            (call,) = [c for c in calls if c.prompt_ids == part.prompt_ids]
+            assert part.response_ids == call.token_ids and part.response_mask == [1] * len(call.token_ids)
+            assert part.response_logprobs == pytest.approx(call.log_probs)
+        assert "What is" in qwen25_template.decode(first.prompt_ids)
+        assert "What is" not in qwen25_template.decode(second.prompt_ids)  # the window dropped the question
+        info = second.extra_fields["reward_extra_info"]
+        assert info["strands_trajectories"] == 2.0 and info["strands_rerendered_tokens"] == len(second.prompt_ids)
+
+
+def test_the_legacy_trainer_gets_one_masked_output_that_says_why(loop_cls, qwen25_template) -> None:
+    config, _, client = stack(qwen25_template, config=fv.trainer_config(**{"trainer.use_v1": False}))
+    (out,) = run(loop_cls, qwen25_template, [row("2 + 3", "u0")], config=config, client=client, entry=WINDOWED)
+    assert not isinstance(out, list)
+    strands = out.extra_fields["strands"]
+    assert strands["termination"] == "infra_error" and "legacy trainer" in strands["detail"]
+    assert out.reward_score == 0.0 and sum(out.response_mask) == 0
+
+
+def test_agentboost_grpo_counts_each_session_once_in_v1() -> None:
+    """verl's V1 trainer hands a registered estimator every output of a sample; agentboost's wrapper gives
+    each session (episode) one place in its group and its advantage on every row."""
+    import types
+
+    calls: list[Any] = []
+
+    def original(data, batch_keys, adv_estimator, *args, **kwargs):
+        calls.append(adv_estimator)
+        return data
+
+    module = types.SimpleNamespace(compute_advantage_for_multi_trajectories=original)
+    assert verl_advantage.install_multi_trajectory(module)
+    assert not verl_advantage.install_multi_trajectory(module)  # idempotent
+    # Sample u: sessions 0 (2 rows, reward 1), 1 (1 row, reward 0), 2 (3 rows, reward 1), 3 (masked: no
+    # loss token, reward 0). Sample v: session 0 alone survives (session 1 masked): advantage 0.
+    layout = [("u", 0, 1.0, 1), ("u", 0, 1.0, 1), ("u", 1, 0.0, 1), ("u", 2, 1.0, 1), ("u", 2, 1.0, 1),
+              ("u", 2, 1.0, 1), ("u", 3, 0.0, 0), ("v", 0, 1.0, 1), ("v", 1, 0.0, 0)]  # fmt: skip
+    keys, counts = [], {}
+    for uid, session, _, _ in layout:
+        index = counts.get((uid, session), 0)
+        counts[(uid, session)] = index + 1
+        keys.append(f"{uid}_{session}_{index}")
+    rewards = torch.zeros(len(layout), 4)
+    mask = torch.zeros(len(layout), 4)
+    for i, (_, _, reward, has_tokens) in enumerate(layout):
+        rewards[i, 3] = reward
+        mask[i, :3] = has_tokens
+    data = types.SimpleNamespace(batch={"token_level_rewards": rewards, "response_mask": mask})
+    out = module.compute_advantage_for_multi_trajectories(data, keys, "agentboost_grpo", config=None)
+    adv = out.batch["advantages"][:, 0]
+    u = torch.tensor([1.0, 0.0, 1.0])  # sessions 0, 1, 2 of u (3 is masked)
+    expected_u = (u - u.mean()) / (u.std() + 1e-6)
+    assert adv[:2].tolist() == pytest.approx([expected_u[0].item()] * 2, abs=1e-5)
+    assert adv[2].item() == pytest.approx(expected_u[1].item(), abs=1e-5)
+    assert adv[3:6].tolist() == pytest.approx([expected_u[2].item()] * 3, abs=1e-5)
+    assert adv[6:].tolist() == [0.0, 0.0, 0.0]
+    assert (out.batch["advantages"][:, 3] == 0).all()  # only loss tokens carry it
+    module.compute_advantage_for_multi_trajectories(data, keys, "grpo")
+    assert calls == ["grpo"]  # other estimators go to verl's own function

@@ -1,5 +1,6 @@
 """``agentboost view`` without a browser: what the page embeds (escaped, capped), reading episode files
-and eval directories, token pieces, the CLI. The page as a person sees it: tests/test_viewer_browser.py."""
+and eval directories, token pieces, the CLI, episodes of several trajectories (each one's tokens and
+conversation). The page as a person sees it: tests/test_viewer_browser.py."""
 
 from __future__ import annotations
 
@@ -13,17 +14,23 @@ from pathlib import Path
 import pytest
 
 from agentboost.cli.main import main as cli
-from agentboost.episode import Episode
+from agentboost.episode import Episode, MultiTrajectoryError
 from agentboost.viewer.page import Caps, page_data, render, script_json
-from agentboost.viewer.source import load, tokenizer_ref
+from agentboost.viewer.source import Source, load, tokenizer_ref
 from agentboost.viewer.tokens import PieceDecoder, token_view
-from agentboost.viewer.transcript import conversation
-from tests.viewer_episodes import HOSTILE, MULTIBYTE, make_episodes, write_jsonl
+from agentboost.viewer.transcript import conversation, ends
+from tests.viewer_episodes import HOSTILE, MULTIBYTE, make_episodes, make_multi_trajectory_episodes, write_jsonl
 
 
 @pytest.fixture(scope="module")
 def episodes(qwen25_template) -> list[Episode]:
     return make_episodes(qwen25_template)
+
+
+@pytest.fixture(scope="module")
+def multi(qwen25_template) -> list[Episode]:
+    """``window:0`` (6 trajectories), ``pair:0`` (main, helper), ``summary:0`` (an untrained aux trajectory)."""
+    return make_multi_trajectory_episodes(qwen25_template)
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +110,11 @@ def test_caps_cut_tokens_and_text_and_say_so(episodes, decoder) -> None:
     assert (len(result.text), result.clipped) == (100, 4900)
     data = page_data(load_one(episode), decoder, tokenizer_status="t", caps=Caps(episodes=1, tokens=50, chars=100),
                      title="t")  # fmt: skip
-    assert data["caps"] == {"episodes": 1, "tokens": 50, "prompt_tokens": 1024, "chars": 100}
+    assert data["caps"] == {"episodes": 1, "tokens": 50, "prompt_tokens": 1024, "chars": 100, "trajectories": 32}
 
 
-def load_one(episode: Episode):
-    from agentboost.viewer.source import Source
-
-    return Source(path=Path("x.jsonl"), episodes=[episode], total=1)
+def load_one(*episodes: Episode) -> Source:
+    return Source(path=Path("x.jsonl"), episodes=list(episodes), total=len(episodes))
 
 
 def test_wrong_tokenizer_and_bad_numbers_fall_back_to_ids(episodes, decoder) -> None:
@@ -181,6 +186,7 @@ def test_cli_writes_one_self_contained_page(episodes, tmp_path, capsys) -> None:
     assert "cannot load tokenizer" in capsys.readouterr().err
     assert cli(["view", str(tmp_path / "nothing")]) == 2
     assert cli(["view", str(eval_dir), "--max-tokens", "0"]) == 2
+    assert cli(["view", str(eval_dir), "--max-trajectories", "0"]) == 2
 
 
 def test_pieces_of_a_long_multilingual_text(decoder, qwen25_tokenizer) -> None:
@@ -191,3 +197,144 @@ def test_pieces_of_a_long_multilingual_text(decoder, qwen25_tokenizer) -> None:
     for start in range(1, 30):  # a region starting anywhere, even inside a character, shows clean text
         part = "".join(decoder.pieces(ids, start, 40))
         assert whole.endswith(part) and "\ufffd" not in part and len(part) >= len(whole) - len(whole[: start * 4])
+
+
+# -- episodes of several trajectories -------------------------------------------------------------------
+def test_each_trajectory_shows_its_own_tokens_mask_and_logprobs(multi, decoder, qwen25_tokenizer) -> None:
+    window = multi[0]
+    assert window.num_trajectories == 6
+    with pytest.raises(MultiTrajectoryError, match="6 trajectories"):
+        token_view(window, decoder)  # the flat segments interleave trajectories: never shown as one
+    for trajectory in window.trajectories:
+        view = token_view(trajectory, decoder)
+        prompt, response = trajectory.prompt_ids, trajectory.response_ids
+        assert view.ids == prompt + response and (view.prompt_total, view.response_total) == (
+            len(prompt),
+            len(response),
+        )
+        assert view.mask == "0" * len(prompt) + "".join(map(str, trajectory.response_mask))
+        assert [lp for lp, bit in zip(view.logprobs, view.mask, strict=True) if bit == "1"] == [
+            lp for lp, bit in zip(trajectory.response_logprobs, trajectory.response_mask, strict=True) if bit
+        ]
+        assert "".join(view.pieces) == qwen25_tokenizer.decode(prompt + response)
+        kinds = [kind for kind, *_ in view.segments]
+        assert kinds[0] == "prompt" and kinds[1:] == ["model"] + ["env", "model"] * (len(trajectory.calls) - 1)
+        assert [call for kind, call, *_ in view.segments if kind == "model"] == [c.index for c in trajectory.calls]
+    # under the page's caps, trajectory by trajectory
+    last = window.trajectories[-1]
+    view = token_view(last, decoder, max_tokens=20, max_prompt_tokens=8)
+    assert view.ids == last.prompt_ids[-8:] + last.response_ids[:12] and len(view.pieces) == 20
+
+
+def test_an_untrained_trajectory_shows_no_loss_token(multi, decoder) -> None:
+    summary = multi[2]
+    aux = next(t for t in summary.trajectories if t.info.agent == "aux")
+    assert not aux.trained and aux.num_model_tokens > 0
+    assert set(token_view(aux, decoder).mask) == {"0"}  # the trainer never sees it (train_aux_calls=False)
+    data = page_data(load_one(summary), decoder, tokenizer_status="t", caps=Caps(), title="t")["episodes"][0]
+    assert data["trained"] == summary.num_model_tokens - aux.num_model_tokens
+    row = data["trajs"][aux.index]
+    assert (row["agent"], row["trained"], row["loss"]) == ("aux", False, False)
+    assert set(row["view"]["tok"]["mask"]) == {"0"}
+
+
+def test_each_trajectory_shows_its_own_conversation(multi) -> None:
+    pair = multi[1]
+    main, helper = (conversation(pair, trajectory=t)[0] for t in (0, 1))
+    assert [(i.role, i.kind, i.name, i.text, i.call) for i in helper] == [
+        ("user", "text", "", "add 0 and 1", None),
+        ("assistant", "tool_call", "add", '{"a": 0, "b": 1}', 1),
+        ("tool", "tool_result", "add", "1", None),
+        ("assistant", "text", "", "1", 2),
+    ]  # the helper's own history, its calls numbered as in the episode
+    assert [(i.kind, i.name, i.call) for i in main if i.role == "assistant"] == [
+        ("tool_call", "helper", 0),
+        ("text", "", 3),
+    ]
+    window = multi[0]
+    for trajectory in window.trajectories:
+        items = conversation(window, trajectory=trajectory.index)[0]
+        calls = [i.call for i in items if i.call is not None]
+        assert calls == [c.index for c in trajectory.calls]  # each call's message found in its trajectory's
+        first = trajectory.calls[0].message_index
+        assert all(i.call is None for i in items if i.message < first)  # the history it opened with
+
+
+def test_page_lists_trajectories_and_embeds_each_ones_view(multi, episodes, decoder) -> None:
+    window, pair, summary = multi
+    data = page_data(load_one(episodes[0], *multi), decoder, tokenizer_status="t", caps=Caps(), title="t")
+    single, w, p, s = data["episodes"]
+    assert (single["n_traj"], single["trajs"]) == (1, []) and single["tok"]["ids"]  # shown as before
+    assert [ep["n_traj"] for ep in (w, p, s)] == [6, 2, 3]
+    assert w["tok"] is None and w["items"] == []  # an episode of several is shown trajectory by trajectory
+    assert (w["prompt_tokens"], w["response_tokens"]) == (window.num_prompt_tokens, window.num_response_tokens)
+    assert w["rerendered"] == window.rerendered_tokens > 0
+    assert [c[3] for c in w["calls"]] == [c.trajectory for c in window.calls]
+    for row, trajectory in zip(w["trajs"], window.trajectories, strict=True):
+        info = trajectory.info
+        assert (row["index"], row["agent"], row["opened_by"], row["detail"], row["rerendered"], row["trained"]) == (
+            trajectory.index,
+            info.agent,
+            info.opened_by,
+            info.detail,
+            info.rerendered_tokens,
+            True,
+        )
+        assert row["calls"] == [c.index for c in trajectory.calls] and row["n_calls"] == len(trajectory.calls)
+        assert (row["prompt"], row["response"], row["model"]) == (
+            len(trajectory.prompt_ids),
+            len(trajectory.response_ids),
+            trajectory.num_model_tokens,
+        )
+        assert row["view"]["tok"]["ids"] == trajectory.prompt_ids + trajectory.response_ids
+        assert row["view"]["first_message"] == trajectory.calls[0].message_index
+    assert w["trajs"][0]["opened_by"] == "start" and {r["opened_by"] for r in w["trajs"][1:]} == {"history_rewritten"}
+    assert [(r["agent"], r["opened_by"], r["reward"]) for r in p["trajs"]] == [
+        ("main", "start", 1.0),
+        ("helper", "new_agent", 0.5),
+    ]  # the helper's role reward
+    assert p["trajs"][1]["view"]["items"][0]["text"] == "add 0 and 1"
+    assert s["trained"] == sum(t.num_model_tokens for t in summary.trajectories if t.trained)
+
+
+def test_caps_apply_per_trajectory_and_to_the_trajectories_shown(multi, decoder) -> None:
+    assert ends(6, 2) == [0, 5] and ends(6, 3) == [0, 1, 5] and ends(3, 5) == [0, 1, 2] and ends(0, 4) == []
+    window = multi[0]
+    caps = Caps(tokens=30, prompt_tokens=10, chars=5, items=3, trajectories=3)
+    rows = page_data(load_one(window), decoder, tokenizer_status="t", caps=caps, title="t")["episodes"][0]["trajs"]
+    assert len(rows) == 6  # every trajectory is listed
+    assert [r["index"] for r in rows if r["view"] is not None] == [0, 1, 5]  # the first and the last are shown
+    for row in rows:
+        if row["view"] is None:
+            continue
+        tok = row["view"]["tok"]
+        assert len(tok["ids"]) == len(tok["pieces"]) == 30 and tok["prompt_shown"] == 10
+        assert len(row["view"]["items"]) <= 3 and all(len(i["text"]) <= 5 for i in row["view"]["items"])
+    assert any(item["clipped"] for row in rows if row["view"] for item in row["view"]["items"])
+
+
+def test_trajectory_fields_are_embedded_inertly(multi, decoder, tmp_path) -> None:
+    window = Episode.from_dict(multi[0].to_dict())
+    window.trajectory_info[1].detail = f"edited {HOSTILE}"
+    window.trajectory_info[2].opened_by = HOSTILE
+    page = render(page_data(load_one(window), decoder, tokenizer_status="t", caps=Caps(), title="t"))
+    blob, _ = _embedded(page)
+    assert not set(blob) & set("<>&") and "<img" not in page and page.count("<script") == 2
+    rows = json.loads(blob)["episodes"][0]["trajs"]
+    assert rows[0]["agent"] == f"adder{HOSTILE}"  # the agent's name, kept as text
+    assert (rows[1]["detail"], rows[2]["opened_by"]) == (f"edited {HOSTILE}", HOSTILE)
+    answer = [i["text"] for i in rows[-1]["view"]["items"] if i["role"] == "assistant" and i["kind"] == "text"]
+    assert answer == [f"6 {HOSTILE}"]
+
+
+def test_multi_trajectory_episodes_round_trip_through_the_file(multi, decoder, tmp_path) -> None:
+    source = load(write_jsonl(tmp_path / "episodes.jsonl", multi))
+    assert [e.num_trajectories for e in source.episodes] == [6, 2, 3]
+    for read, made in zip(source.episodes, multi, strict=True):
+        read.check_invariants()
+        assert [t.prompt_ids + t.response_ids for t in read.trajectories] == [
+            t.prompt_ids + t.response_ids for t in made.trajectories
+        ]
+        assert [read.messages_of(t) for t in range(read.num_trajectories)] == [
+            made.messages_of(t) for t in range(made.num_trajectories)
+        ]

@@ -15,8 +15,12 @@ The agent itself is built fresh for every episode by a factory::
     def make_agent(*, model, tools, task, **defaults):
         return Agent(model=model, tools=tools, system_prompt=SYSTEM, hooks=[MyHook()], **defaults)
 
-``defaults`` carries ``conversation_manager=NullConversationManager()`` and ``callback_handler=None``.
-Without a factory, ``Agent(model, tools, system_prompt, **agent_kwargs, **defaults)`` is built.
+``defaults`` carries ``conversation_manager=NullConversationManager()`` and ``callback_handler=None``
+(the history is never trimmed unless you choose a conversation manager). Any conversation or context
+manager works; so do agents used as tools and ``Swarm`` / ``Graph`` orchestrators returned by the
+factory, when their agents are built with ``model`` (or ``model.sibling(...)``): each agent's calls
+become their own trajectories (:mod:`agentboost.episode`). Without a factory,
+``Agent(model, tools, system_prompt, **agent_kwargs, **defaults)`` is built.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..compat.rllm import Action, BaseAgent, Step, Trajectory
 from ..episode import Episode, SegmentKind
 from ..strands_patches import adapt_agent
 from ..utils.refs import resolve
+from .multiagent import agents_in, is_multiagent
 
 logger = logging.getLogger(__name__)
 
@@ -38,38 +43,50 @@ AgentFactory = Callable[..., Any]
 
 
 def agent_defaults() -> dict[str, Any]:
-    """Strands ``Agent`` settings every RL episode needs (pass them on in custom factories)."""
+    """Strands ``Agent`` settings agentboost suggests for RL episodes (no history trimming, no console
+    output); pass them on in custom factories or override them."""
     from strands.agent.conversation_manager import NullConversationManager
 
     return {"conversation_manager": NullConversationManager(), "callback_handler": None}
 
 
-def check_agent(agent: Any, model: Any) -> None:
-    """Refuse Strands agents whose features would make the token trajectory lie."""
+def check_agent(agent: Any, model: Any) -> list[Any]:
+    """Check what a factory built and return the agents whose calls record into the episode.
+
+    ``agent`` is a ``strands.Agent`` built with ``model``, or a ``Swarm``/``Graph`` whose agents (some at
+    least) are. Agents reachable from it whose model is another provider run as ordinary tools would:
+    their calls are not recorded or trained. Console callback handlers are silenced."""
     from strands import Agent
-    from strands.agent.conversation_manager import NullConversationManager
-    from strands.handlers.callback_handler import PrintingCallbackHandler
+    from strands.handlers.callback_handler import PrintingCallbackHandler, null_callback_handler
 
-    if not isinstance(agent, Agent):
-        raise TypeError(f"the agent factory must return a strands.Agent, got {type(agent).__name__}")
-    if agent.model is not model:
-        raise ValueError("the agent factory must build the Agent with the `model` it was given (the TokenModel)")
-    if not isinstance(agent.conversation_manager, NullConversationManager):
+    if not isinstance(agent, Agent) and not is_multiagent(agent):
+        raise TypeError(f"the agent factory must return a strands.Agent, Swarm or Graph, got {type(agent).__name__}")
+    records = _records_into(model)
+    if isinstance(agent, Agent) and not records(agent.model):
         raise ValueError(
-            f"the Agent uses {type(agent.conversation_manager).__name__}: conversation managers that trim or "
-            "summarise history break token-exact trajectories. Build it with **agent_defaults() "
-            "(conversation_manager=NullConversationManager())."
+            "the agent factory must build the Agent with the `model` it was given (the TokenModel), or with "
+            "model.sibling(...)"
         )
-    if getattr(agent, "_context_manager", None) is not None:
+    recorded = []
+    for found in agents_in(agent):
+        if isinstance(found.callback_handler, PrintingCallbackHandler):
+            found.callback_handler = null_callback_handler
+        if records(found.model):
+            recorded.append(found)
+        else:
+            logger.info("agent %r uses %s: its calls are not part of the episode's trajectories",
+                        getattr(found, "name", "?"), type(found.model).__name__)  # fmt: skip
+    if not recorded:
         raise ValueError(
-            "Agent(context_manager=...) rewrites history with an auxiliary model; not allowed in RL rollouts"
+            f"no agent of the {type(agent).__name__} is built with the `model` it was given (the TokenModel): "
+            "nothing would be recorded"
         )
-    if getattr(agent, "_memory_manager", None) is not None:
-        raise ValueError("Agent(memory_manager=...) makes side model calls; not allowed in RL rollouts")
-    if isinstance(agent.callback_handler, PrintingCallbackHandler):
-        from strands.handlers.callback_handler import null_callback_handler
+    return recorded
 
-        agent.callback_handler = null_callback_handler
+
+def _records_into(model: Any) -> Callable[[Any], bool]:
+    shares = getattr(model, "shares_episode", None)
+    return lambda other: other is model or (callable(shares) and bool(shares(other)))
 
 
 class StrandsAgent(BaseAgent):
@@ -104,7 +121,13 @@ class StrandsAgent(BaseAgent):
 
             prompt = self.system_prompt(task) if callable(self.system_prompt) else self.system_prompt
             agent = Agent(model=model, tools=tools, system_prompt=prompt, **{**defaults, **self.agent_kwargs})
-        check_agent(agent, model)
+        for recorded in check_agent(agent, model):
+            self._wire(recorded, model)
+        return agent
+
+    @staticmethod
+    def _wire(agent: Any, model: Any) -> None:
+        """The episode's hooks, tool limits and the long-episode adapter on one recorded agent."""
         adapt_agent(agent)  # flat per-call cost in long episodes; never changes what the agent does
         hooks = getattr(model, "hooks", None)
         if hooks is not None:
@@ -116,7 +139,6 @@ class StrandsAgent(BaseAgent):
             from ..model import tool_limits_middleware
 
             agent.add_middleware(ExecuteToolStage, tool_limits_middleware(model))
-        return agent
 
     # -- rLLM BaseAgent contract ----------------------------------------------------------------
     def reset(self) -> None:
@@ -169,15 +191,18 @@ class StrandsAgent(BaseAgent):
         trajectory = Trajectory(task=self._task)
         if episode is None:
             return trajectory
-        context: list[int] = []
+        contexts: dict[int, list[int]] = {}  # per trajectory: a step's prompt is its own trajectory's context
         calls = iter(episode.calls)
+        context: list[int] = []
         for seg in episode.segments:
             if seg.kind is not SegmentKind.MODEL:
+                context = contexts.setdefault(episode.calls[seg.call].trajectory, [])
                 context.extend(seg.token_ids)
                 continue
             call = next(calls)
-            in_range = 0 <= call.message_index < len(episode.messages)
-            message = episode.messages[call.message_index] if in_range else {}
+            history = episode.messages_of(call.trajectory)
+            in_range = 0 <= call.message_index < len(history)
+            message = history[call.message_index] if in_range else {}
             text = "".join(b.get("text", "") for b in message.get("content", []) if isinstance(b, dict))
             actions = [b["toolUse"] for b in message.get("content", []) if isinstance(b, dict) and "toolUse" in b]
             step = Step(
@@ -188,7 +213,7 @@ class StrandsAgent(BaseAgent):
                 action=copy.deepcopy(actions) or None,
             )
             # assigned, not passed: rLLM v0.3.0-pre's pydantic Step has ``info`` as a property and drops the kwarg
-            step.info = {"finish_reason": call.finish_reason, "call": call.index}
+            step.info = {"finish_reason": call.finish_reason, "call": call.index, "trajectory": call.trajectory}
             trajectory.steps.append(step)
             context.extend(seg.token_ids)
         if trajectory.steps:

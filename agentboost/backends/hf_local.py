@@ -21,6 +21,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,8 +82,14 @@ class HFLocalBackend:
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.lock = threading.Lock()
         """Held while a batch decodes; a trainer holds it while updating weights."""
-        self._queues: dict[int, asyncio.Queue[_Pending]] = {}
-        self._workers: dict[int, asyncio.Task[None]] = {}
+        # Per event loop (weakly: a loop a summariser ran in and closed takes its queue with it; a new loop
+        # reusing a dead one's id never gets a queue whose batcher died with it).
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Queue[_Pending]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._workers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
         self.batches = 0
         self.tokens_generated = 0
         self.shares_prefix: bool | None = None
@@ -101,13 +108,12 @@ class HFLocalBackend:
         if any(t >= self.vocab_size for t in request.prompt_ids):
             raise BackendError("prompt contains token ids outside the model's vocabulary")
         loop = asyncio.get_running_loop()
-        key = id(loop)
-        queue = self._queues.get(key)
+        queue = self._queues.get(loop)
         if queue is None:
-            queue = self._queues[key] = asyncio.Queue()
-        worker = self._workers.get(key)
+            queue = self._queues[loop] = asyncio.Queue()
+        worker = self._workers.get(loop)
         if worker is None or worker.done():
-            self._workers[key] = loop.create_task(self._batcher(queue))
+            self._workers[loop] = loop.create_task(self._batcher(queue))
         future: asyncio.Future[GenerationResult] = loop.create_future()
         await queue.put(_Pending(request, future))
         return await future

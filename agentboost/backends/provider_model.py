@@ -44,6 +44,9 @@ class ProviderModel(TokenModel):
             model_id=backend.ref.describe(),
         )
         self._backend = backend
+        self._in_flight = False
+        self._frozen = False
+        self._tool_names: list[str] = []
         self.provider: Any = None
         """The provider's Strands model, built at the first call (a failure there is the episode's, typed)."""
         self._provider_calls: list[dict[str, Any]] = []

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import random
 import time
+import weakref
 from typing import Any
 
 import httpx
@@ -66,7 +67,10 @@ class VLLMCompletionsBackend:
         self.max_retries = max_retries
         self.max_connections = max_connections
         self.router = StickyRouter(len(self.base_urls))
-        self._clients: dict[int, httpx.AsyncClient] = {}
+        # Per event loop, weakly (a summariser's short-lived loop takes its client with it).
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
+            weakref.WeakKeyDictionary()
+        )
         self._model_lock: asyncio.Lock | None = None
 
     def describe(self) -> str:
@@ -74,7 +78,7 @@ class VLLMCompletionsBackend:
 
     def _client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
-        client = self._clients.get(id(loop))
+        client = self._clients.get(loop)
         if client is None or client.is_closed:
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             client = httpx.AsyncClient(
@@ -83,11 +87,12 @@ class VLLMCompletionsBackend:
                 limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=64,
                                     keepalive_expiry=30.0),
             )  # fmt: skip
-            self._clients[id(loop)] = client
+            self._clients[loop] = client
         return client
 
     async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
+        clients = list(self._clients.values())
+        self._clients = weakref.WeakKeyDictionary()
         for client in clients:
             with contextlib.suppress(RuntimeError):  # a client bound to a loop that is already closed
                 await client.aclose()

@@ -5,12 +5,15 @@ Give it an ``episodes.jsonl`` (``agentboost rollout``, ``agentboost eval``, an r
 ``agentboost eval`` output directory. The page shows every episode's
 conversation (tool calls and results, tool errors), termination and reward, its tokens coloured by
 loss mask with the token id, mask and sampling log-prob on hover, filters by termination and reward,
-and two samples of one task side by side. Open it in any browser; it loads nothing from anywhere.
+and two samples of one task side by side. An episode of several trajectories (a conversation manager
+trimmed or summarised the history, several agents ran) lists its trajectories (agent, why each
+opened, calls, tokens, re-rendered tokens, trained or not) and shows each one's conversation and
+tokens. Open it in any browser; it loads nothing from anywhere.
 
 Tokens are decoded with ``--tokenizer`` (``offline:<family>``, a local directory or a hub id); for an
 eval directory the tokenizer recorded in its ``manifest.json`` is used when it is available locally;
-otherwise the page shows token ids. What is embedded is capped (episodes, tokens and characters per
-episode) and the page says where it cut.
+otherwise the page shows token ids. What is embedded is capped (episodes; tokens and characters per
+trajectory; trajectories shown per episode) and the page says where it cut.
 
 Examples::
 
@@ -47,10 +50,14 @@ def add_parser(sub: Any) -> None:
     caps = Caps()
     parser.add_argument("--max-episodes", type=int, default=caps.episodes, help="episodes embedded (the first N)")
     parser.add_argument("--skip", type=int, default=0, help="pass over the first N episodes (see later ones)")
-    parser.add_argument("--max-tokens", type=int, default=caps.tokens, help="tokens shown per episode")
+    parser.add_argument("--max-tokens", type=int, default=caps.tokens,
+                        help="tokens shown per episode (per trajectory in an episode of several)")  # fmt: skip
     parser.add_argument("--max-prompt-tokens", type=int, default=caps.prompt_tokens,
                         help="of which prompt tokens (its tail)")  # fmt: skip
     parser.add_argument("--max-chars", type=int, default=caps.chars, help="characters shown per message block")
+    parser.add_argument("--max-trajectories", type=int, default=caps.trajectories,
+                        help="trajectories of an episode whose conversation and tokens are shown (the first and "
+                        "the last ones; every trajectory is listed)")  # fmt: skip
     parser.add_argument("--title", default=None)
     parser.set_defaults(func=main)
 
@@ -80,7 +87,7 @@ def _decoder(args: argparse.Namespace, guess: str | None) -> tuple[PieceDecoder 
 
 
 def main(args: argparse.Namespace) -> int:
-    for name in ("max_episodes", "max_tokens", "max_chars"):
+    for name in ("max_episodes", "max_tokens", "max_chars", "max_trajectories"):
         if getattr(args, name) < 1:
             raise BadInput(f"--{name.replace('_', '-')} must be >= 1")
     if args.skip < 0 or args.max_prompt_tokens < 0:
@@ -88,7 +95,7 @@ def main(args: argparse.Namespace) -> int:
     path = Path(args.path)
     out = contract.output_file(args.out or default_out(path))
     caps = Caps(episodes=args.max_episodes, tokens=args.max_tokens, prompt_tokens=args.max_prompt_tokens,
-                chars=args.max_chars)  # fmt: skip
+                chars=args.max_chars, trajectories=args.max_trajectories)  # fmt: skip
     try:
         source = load(path, max_episodes=caps.episodes, skip_records=args.skip)
     except (OSError, ValueError) as exc:

@@ -85,3 +85,17 @@ class ArithmeticEnv(StrandsEnv):
             reward_fn=reward_fn if reward_fn is not None else exact_answer_reward,
             **kwargs,
         )
+
+
+def windowed_agent(*, model: Any, tools: list[Any], task: Any, window_size: int = 2, **defaults: Any) -> Any:
+    """The arithmetic agent with Strands' sliding window applied before every model call
+    (``SlidingWindowConversationManager(window_size, per_turn=True)``): with the default of 2 messages the
+    answer call sees only the calculator call and its result, so every episode is two trajectories (the
+    call that asks the calculator, and the answer given its result). The multi-trajectory demo and tests
+    use it; ``agent_args={"agent_factory": "agentboost.environments.arithmetic:windowed_agent"}``."""
+    from strands import Agent
+    from strands.agent.conversation_manager import SlidingWindowConversationManager
+
+    window = SlidingWindowConversationManager(window_size=window_size, per_turn=True)
+    return Agent(model=model, tools=tools, system_prompt=SYSTEM_PROMPT, conversation_manager=window,
+                 callback_handler=None)  # fmt: skip

@@ -3,8 +3,9 @@
 Each run is read from its ``episodes.jsonl`` (an ``agentboost eval`` or ``rollout`` output directory),
 and both are scored again on the tasks they share, with one success rule and the same k, so the
 numbers compare like for like: pass@k and pass^k, episode success rate, reward, masked episodes and
-infrastructure errors, turns, tool calls and tool errors per episode, terminations, each tool's use,
-and the tasks on which they differ. A run through a Strands model provider stays marked ("not
+infrastructure errors, turns, tool calls and tool errors per episode (trajectories and re-rendered
+prompt tokens per episode when a run has episodes of several trajectories), terminations, each tool's
+use, and the tasks on which they differ. A run through a Strands model provider stays marked ("not
 token-exact: not training data") in the comparison as in its own report.
 """
 
@@ -160,6 +161,9 @@ def compare_runs(
                       ("parse_errors", "unparseable tool calls"), ("unknown_tool_calls", "unknown-tool calls"),
                       ("masked", "masked episodes"), ("wall_s_mean", "wall s / episode")):  # fmt: skip
         add(name, sa[key], sb[key])
+    if sa["multi_trajectory_episodes"] or sb["multi_trajectory_episodes"]:  # a run split episodes
+        add("trajectories / episode", sa["trajectories_mean"], sb["trajectories_mean"])
+        add("re-rendered prompt tokens / episode", sa["rerendered_tokens_mean"], sb["rerendered_tokens_mean"])
     add("infra_error episodes", reports[0]["infra_errors"], reports[1]["infra_errors"])
 
     terminations = {name: [sa["terminations"].get(name, 0), sb["terminations"].get(name, 0)]

@@ -84,8 +84,10 @@ def episode_metrics(episodes: list[Episode], prefix: str = "strands") -> dict[st
     out[f"{prefix}/latency_s/p50"] = _quantile(latency, 0.5)
     out[f"{prefix}/latency_s/p90"] = _quantile(latency, 0.9)
     out[f"{prefix}/latency_s/max"] = max(latency)
-    out[f"{prefix}/response_tokens_mean"] = sum(len(e.response_ids) for e in episodes) / n
+    out[f"{prefix}/response_tokens_mean"] = sum(e.num_response_tokens for e in episodes) / n
     out[f"{prefix}/model_tokens_mean"] = sum(e.num_model_tokens for e in episodes) / n
+    out[f"{prefix}/trajectories_per_episode"] = sum(e.num_trajectories for e in episodes) / n
+    out[f"{prefix}/rerendered_tokens_per_episode"] = sum(e.rerendered_tokens for e in episodes) / n
     out[f"{prefix}/reward_mean"] = sum(0.0 if e.masked else e.reward for e in episodes) / n
     return out
 

@@ -9,6 +9,11 @@ the backend routes a GRPO group to one server while it is not overloaded.
 
 Nothing is dropped: :func:`run_episode` turns every failure into a typed, masked, zero-reward
 episode, and an exception that escapes it anyway (a bug) becomes an ``infra_error`` episode here.
+
+rLLM's trainer takes one row per task sample, so this route trains episodes of one trajectory only: an
+episode whose agent rewrote its history or that ran several agents (README, "Agents that rewrite their
+history, and multi-agent runs") is kept as a masked ``infra_error`` row that says so (its trajectories
+are counted in ``metadata``), with a warning; the verl route and the built-in trainer train them.
 """
 
 from __future__ import annotations
@@ -28,6 +33,39 @@ from ..types import Termination
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 30.0
+SINGLE_TRAJECTORY_ONLY = (
+    "this episode has {n} trajectories (its agent rewrote its history, or several agents ran): the rLLM route "
+    "trains one trajectory per episode; use the verl route (train_<x>_verl.sh) or the built-in trainer "
+    "(agentboost train), or give the agent a NullConversationManager and a single agent"
+)
+_warned_multi = False
+
+
+def single_trajectory(episode: Episode, reason: str = SINGLE_TRAJECTORY_ONLY) -> Episode:
+    """``episode`` itself when it is one trajectory; otherwise a masked ``infra_error`` record of it without
+    tokens (one padding row), naming why (``reason``, with ``{n}`` the trajectory count) and keeping its
+    messages, reward and trajectory descriptions."""
+    global _warned_multi
+    n = episode.num_trajectories
+    if n <= 1:
+        return episode
+    detail = reason.format(n=n)
+    if not _warned_multi:
+        _warned_multi = True
+        logger.warning("episode %s: %s", episode.id, detail)
+    refused = Episode.failed(
+        episode.id,
+        Termination.INFRA_ERROR,
+        detail,
+        task_id=episode.task_id,
+        timings=episode.timings,
+        metadata={**episode.metadata, "refused_trajectories": [info.to_dict() for info in episode.trajectory_info]},
+    )
+    refused.messages = episode.messages
+    refused.tools = episode.tools
+    refused.metadata["refused_reward"] = episode.reward
+    refused.metadata.pop("failed_before_rollout", None)
+    return refused
 
 
 def _task_id(env: Any, idx: int) -> str:
@@ -92,6 +130,7 @@ async def run_batch(
                     timings={"wall_s": time.monotonic() - t0},
                     metadata={"group_id": group_id},
                 )
+        episode = single_trajectory(episode)
         episode.metadata.setdefault("group_id", group_id)
         episode.metadata["row"] = idx
         results[idx] = episode

@@ -60,7 +60,7 @@ from typing import Any
 
 from ..agents.strands_agent import StrandsAgent
 from ..backends.verl_llm_client import VerlLLMClientBackend
-from ..batch import episodes_to_batch, row_tokens
+from ..batch import episode_rows, episodes_to_batch, row_tokens
 from ..chat.template import ChatTemplate
 from ..environments.strands_env import PROMPT_KEYS, StrandsEnv
 from ..episode import Episode
@@ -69,6 +69,13 @@ from ..types import Budget, SamplingParams, Termination
 from ..utils.refs import resolve
 from . import verl_advantage
 from .config import DEFAULT_EPISODE_TIMEOUT_S, cfg_get
+from .rollouts import single_trajectory
+
+LEGACY_SINGLE_ROW = (
+    "this episode has {n} trajectories (its agent rewrote its history, or several agents ran): verl's legacy "
+    "trainer (trainer.use_v1=false) takes one output per sample; the V1 trainer (the default) trains each "
+    "trajectory as its own row"
+)
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +228,8 @@ def strands_row_metrics(episode: Episode) -> dict[str, float]:
         strands_model_s=float(episode.timings.get("model_s", 0.0)),
         strands_tool_s=float(episode.timings.get("tool_s", 0.0)),
         strands_model_tokens=float(episode.num_model_tokens),
+        strands_trajectories=float(episode.num_trajectories),
+        strands_rerendered_tokens=float(episode.rerendered_tokens),
     )
     return out
 
@@ -362,60 +371,116 @@ class StrandsRowRunner:
         episode.metadata.setdefault("group_id", group_id)
         return episode, backend
 
-    def output_fields(
-        self, episode: Episode, backend: VerlLLMClientBackend, row: dict[str, Any], *, logprobs: bool
-    ) -> dict[str, Any]:
-        """``AgentLoopOutput`` keyword arguments: the episode's row of :func:`episodes_to_batch`, unpadded.
-        ``logprobs``: whether the batch asked for them (verl stacks them only if every row has them)."""
-        prompt, response, mask, lps = row_tokens(episode, self.pad_token_id)
-        if len(prompt) > self.prompt_length or len(response) > self.response_length:
-            # Longer than verl's tensors: episodes_to_batch's cut rule (cut, masked, episode marked).
-            batch = episodes_to_batch(
-                [episode],
-                pad_token_id=self.pad_token_id,
-                max_prompt_length=self.prompt_length,
-                max_response_length=self.response_length,
-            )
-            prompt_len = int(batch.attention_mask[0, : self.prompt_length].sum())
-            response_len = int(batch.attention_mask[0, self.prompt_length :].sum())
-            prompt = batch.prompts[0, self.prompt_length - prompt_len :].tolist()
-            response, mask = batch.responses[0, :response_len].tolist(), batch.response_mask[0, :response_len].tolist()
-            lps = lps[:response_len]
+    def output_rows(
+        self, episode: Episode, backend: VerlLLMClientBackend, row: dict[str, Any], *, logprobs: bool,
+        several: bool = True,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        """``AgentLoopOutput`` keyword arguments, one per row :func:`episodes_to_batch` makes of the episode
+        (one per trainable trajectory; unpadded, cut and masked by the same rule). ``logprobs``: whether the
+        batch asked for them (verl stacks them only if every row has them). ``several``: whether the trainer
+        takes several outputs per sample (verl's V1 trainer); otherwise an episode of several trajectories
+        is one masked ``infra_error`` row that says so."""
+        if not several:
+            episode = single_trajectory(episode, LEGACY_SINGLE_ROW)
+        if episode.num_trajectories > 1 and episode.role_rewards:
+            _warn_role_rewards_once()
+        tokens = self._row_tokens(episode)
         fallback = _plain(row.get("global_steps"))
         steps = backend.global_steps or ([int(fallback)] if isinstance(fallback, int | float) else [])
         timings = episode.timings
-        extra: dict[str, Any] = {
-            "reward_extra_info": strands_row_metrics(episode),
-            EXTRA_KEY: {
-                "episode_id": episode.id,
-                "task_id": episode.task_id,
-                "termination": episode.termination.value,
-                "detail": episode.termination_detail[:500],
-                "masked": episode.masked,
-                "batch_cut": episode.metadata.get("batch_cut"),
-                "reward": float(episode.reward),
-                "reward_metrics": dict(episode.reward_metrics),
-            },
-            "turn_scores": [],
-            "tool_rewards": [],
-            "min_global_steps": min(steps) if steps else None,
-            "max_global_steps": max(steps) if steps else None,
-        }
-        return {
-            "prompt_ids": [int(x) for x in prompt],
-            "response_ids": [int(x) for x in response],
-            "response_mask": [int(x) for x in mask],
-            "response_logprobs": [float(x) for x in lps] if logprobs else None,
-            "reward_score": 0.0 if episode.masked else float(episode.reward),
-            "num_turns": len(episode.messages),
-            "metrics": {
-                "generate_sequences": float(timings.get("model_s", 0.0)),
-                "tool_calls": float(timings.get("tool_s", 0.0)),
-                "compute_score": float(timings.get("reward_s", 0.0)),
-                "num_preempted": -1 if backend.preempted is None else backend.preempted,
-            },
-            "extra_fields": extra,
-        }
+        metrics = strands_row_metrics(episode)
+        outputs = []
+        for prompt, response, mask, lps, trajectory, agent in tokens:
+            extra: dict[str, Any] = {
+                "reward_extra_info": dict(metrics),
+                EXTRA_KEY: {
+                    "episode_id": episode.id,
+                    "task_id": episode.task_id,
+                    "termination": episode.termination.value,
+                    "detail": episode.termination_detail[:500],
+                    "masked": episode.masked,
+                    "batch_cut": episode.metadata.get("batch_cut"),
+                    "reward": float(episode.reward),
+                    "reward_metrics": dict(episode.reward_metrics),
+                    "trajectory": trajectory,
+                    "trajectories": episode.num_trajectories,
+                    "agent": agent,
+                },
+                "turn_scores": [],
+                "tool_rewards": [],
+                "min_global_steps": min(steps) if steps else None,
+                "max_global_steps": max(steps) if steps else None,
+            }
+            outputs.append({
+                "prompt_ids": prompt,
+                "response_ids": response,
+                "response_mask": mask,
+                "response_logprobs": lps if logprobs else None,
+                # every row of an episode carries the episode's reward (verl copies the last one's to the
+                # others; agentboost_grpo computes one advantage per episode from it)
+                "reward_score": 0.0 if episode.masked else float(episode.reward),
+                "num_turns": len(episode.messages_of(trajectory)) if episode.num_trajectories else 0,
+                "metrics": {
+                    "generate_sequences": float(timings.get("model_s", 0.0)),
+                    "tool_calls": float(timings.get("tool_s", 0.0)),
+                    "compute_score": float(timings.get("reward_s", 0.0)),
+                    "num_preempted": -1 if backend.preempted is None else backend.preempted,
+                },
+                "extra_fields": extra,
+            })  # fmt: skip
+        return outputs
+
+    def _row_tokens(self, episode: Episode) -> list[tuple[list[int], list[int], list[int], list[float], int, str]]:
+        """(prompt, response, loss mask, log-probs, trajectory, agent) of each row of ``episode``: the rows of
+        :func:`episodes_to_batch`, cut to verl's lengths by its rule, unpadded. An episode of one row that
+        fits is read directly (no tensors: the common case, on the rollout's hot path)."""
+        rows = episode_rows(episode)
+        if len(rows) == 1:
+            prompt, response, mask, lps = row_tokens(rows[0], self.pad_token_id)
+            if len(prompt) <= self.prompt_length and len(response) <= self.response_length:
+                agent = episode.trajectory_info[0].agent if episode.trajectory_info else ""
+                return [([int(x) for x in prompt], [int(x) for x in response], [int(x) for x in mask],
+                         [float(x) for x in lps], 0, agent)]  # fmt: skip
+        batch = episodes_to_batch(
+            [episode],
+            pad_token_id=self.pad_token_id,
+            max_prompt_length=self.prompt_length,
+            max_response_length=self.response_length,
+        )
+        out = []
+        for i in range(len(batch)):
+            prompt_len = int(batch.attention_mask[i, : self.prompt_length].sum())
+            response_len = int(batch.attention_mask[i, self.prompt_length :].sum())
+            out.append((
+                batch.prompts[i, self.prompt_length - prompt_len :].tolist(),
+                batch.responses[i, :response_len].tolist(),
+                batch.response_mask[i, :response_len].tolist(),
+                batch.rollout_log_probs[i, :response_len].tolist(),
+                batch.row_trajectory[i],
+                batch.row_agent[i],
+            ))  # fmt: skip
+        return out
+
+    def output_fields(
+        self, episode: Episode, backend: VerlLLMClientBackend, row: dict[str, Any], *, logprobs: bool
+    ) -> dict[str, Any]:
+        """The one ``AgentLoopOutput`` of an episode for a trainer that takes one per sample (an episode of
+        several trajectories becomes a masked row saying so; see :meth:`output_rows`)."""
+        return self.output_rows(episode, backend, row, logprobs=logprobs, several=False)[0]
+
+
+_role_rewards_warned = False
+
+
+def _warn_role_rewards_once() -> None:
+    global _role_rewards_warned
+    if not _role_rewards_warned:
+        _role_rewards_warned = True
+        logger.warning(
+            "role rewards are not applied on the verl route: every trajectory of an episode gets the episode's "
+            "reward and advantage (verl gives a sample's outputs its last output's score); the built-in trainer "
+            "applies them"
+        )
 
 
 _RUNNERS: list[tuple[Any, Any, str, StrandsRowRunner]] = []
@@ -453,9 +518,11 @@ def build_loop_class(agent_loop_base: type, agent_loop_output: type) -> type:
         async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
             episode, backend = await self.runner.run(sampling_params, kwargs, self.server_manager)
             logprobs = bool(sampling_params.get("logprobs", False))
-            output = agent_loop_output(**self.runner.output_fields(episode, backend, kwargs, logprobs=logprobs))
+            several = bool(cfg_get(self.config, "trainer.use_v1", True))  # V1 takes a list of outputs per sample
+            rows = self.runner.output_rows(episode, backend, kwargs, logprobs=logprobs, several=several)
             _SUMMARY.add(episode)
-            return output
+            outputs = [agent_loop_output(**fields) for fields in rows]
+            return outputs[0] if len(outputs) == 1 else outputs
 
     StrandsAgentLoop.__module__ = __name__
     StrandsAgentLoop.__qualname__ = StrandsAgentLoop.__name__ = "StrandsAgentLoop"
@@ -474,6 +541,7 @@ def install(agent_loop_module: Any = None, core_algos: Any = None, version: str 
     the verl version first; idempotent. The modules default to the installed verl's."""
     if "class" in _INSTALLED and agent_loop_module is None:
         return _INSTALLED["class"]
+    installed_verl = agent_loop_module is None
     if version is None:
         import verl
 
@@ -484,6 +552,8 @@ def install(agent_loop_module: Any = None, core_algos: Any = None, version: str 
     if core_algos is None:
         from verl.trainer.ppo import core_algos
     verl_advantage.register(core_algos)
+    if installed_verl:  # the installed verl: its V1 trainer's multi-output advantages too
+        verl_advantage.install_multi_trajectory()
     cls = build_loop_class(agent_loop_module.AgentLoopBase, agent_loop_module.AgentLoopOutput)
     agent_loop_module.register(AGENT_LOOP_NAME)(cls)
     if agent_loop_module is sys.modules.get("verl.experimental.agent_loop.agent_loop"):

@@ -33,13 +33,13 @@ from typing import Any
 
 from ..agents.strands_agent import StrandsAgent
 from ..backends.hf_local import HFLocalBackend
-from ..batch import Batch, compact, episodes_to_batch, length_chunks, select_rows
+from ..batch import Batch, compact, episodes_to_batch, length_chunks, row_advantages, select_rows
 from ..chat.template import ChatTemplate
 from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
 from ..types import Budget, SamplingParams
 from ..utils.refs import resolve
-from .grpo import group_advantages, policy_loss
+from .grpo import policy_loss
 from .logprobs import output_logits_fn, response_logprobs
 from .metrics import MetricsLogger
 from .optim import MasterWeightAdamW
@@ -236,7 +236,7 @@ class GRPOTrainer:
 
         cfg = self.config
         batch = episodes_to_batch(episodes, pad_token_id=self.pad_token_id)
-        advantages = group_advantages(batch.rewards, batch.group_ids, batch.masked, normalize_std=cfg.normalize_adv_std)
+        advantages = row_advantages(batch, normalize_std=cfg.normalize_adv_std)
         mask = batch.response_mask.to(self.device)
         temperature = cfg.sampling.temperature  # the distribution the rollouts were sampled from
         if cfg.kl_coef > 0 and self.reference is None:
@@ -508,8 +508,10 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "tool_error_rate": sum(e.tool_errors for e in episodes) / max(sum(e.tool_calls for e in episodes), 1),
         "parse_errors_per_episode": sum(e.parse_errors for e in episodes) / n,
         "turns_mean": sum(len(e.calls) for e in episodes) / n,
-        "response_tokens_mean": sum(len(e.response_ids) for e in episodes) / n,
+        "response_tokens_mean": sum(e.num_response_tokens for e in episodes) / n,
         "masked_fraction": sum(e.masked for e in episodes) / n,
+        "trajectories_per_episode": sum(e.num_trajectories for e in episodes) / n,
+        "rerendered_tokens_per_episode": sum(e.rerendered_tokens for e in episodes) / n,
     }
     for name, count in terminations.items():
         out[f"termination/{name}"] = count / n

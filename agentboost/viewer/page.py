@@ -4,6 +4,11 @@ Escaping has one rule: nothing from an episode is ever written into the HTML as 
 goes into a ``<script type="application/json">`` block whose JSON has every ``<``, ``>`` and ``&``
 written as a ``\\u`` escape (so no ``</script>`` or comment can close the block), and the script reads
 it with ``JSON.parse`` and shows it with ``textContent``. Non-finite numbers (JSON has none) become null.
+
+An episode of one trajectory embeds its conversation and tokens; an episode of several embeds a row
+per trajectory (agent, why it opened, calls, tokens, re-rendered tokens, trained, reward) and, for up
+to ``Caps.trajectories`` of them (the first and the last ones), each one's conversation
+(``Episode.messages_of``) and tokens under the same caps as a whole episode's.
 """
 
 from __future__ import annotations
@@ -16,35 +21,54 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..episode import Episode
+from ..episode import Episode, TokenTrajectory
 from ..types import Termination
 from .source import Source
 from .static import CSS, JS
-from .tokens import MAX_PROMPT_TOKENS, MAX_TOKENS, PieceDecoder, token_view
-from .transcript import MAX_CHARS, MAX_ITEMS, clip, conversation, finite
+from .tokens import MAX_PROMPT_TOKENS, MAX_TOKENS, PieceDecoder, token_view, trains
+from .transcript import MAX_CHARS, MAX_ITEMS, clip, conversation, ends, finite
 
 MAX_SKIPPED_SHOWN = 50
 MAX_DETAIL_CHARS = 2000
 MAX_META_CHARS = 4000
+MAX_NAME_CHARS = 200
+MAX_TRAJECTORIES = 32
+"""Default cap on the trajectories of one episode whose conversation and tokens are embedded."""
+MAX_TRAJECTORY_ROWS = 1000
+"""Trajectories of one episode listed (a row each) at most."""
+MAX_CALLS_LISTED = 50
+"""Call numbers listed per trajectory row (the count is always given)."""
 
 
 @dataclass
 class Caps:
-    """What is embedded per page and per episode (the page says so wherever a cut happens)."""
+    """What is embedded per page, per episode and per trajectory (the page says so wherever a cut
+    happens). ``tokens``, ``prompt_tokens``, ``chars`` and ``items`` apply to each trajectory shown."""
 
     episodes: int = 500
     tokens: int = MAX_TOKENS
     prompt_tokens: int = MAX_PROMPT_TOKENS
     chars: int = MAX_CHARS
     items: int = MAX_ITEMS
+    trajectories: int = MAX_TRAJECTORIES
+    """Trajectories of one episode whose conversation and tokens are embedded."""
 
 
 def episode_data(episode: Episode, decoder: PieceDecoder | None, caps: Caps) -> dict[str, Any]:
     """What the page shows of one episode (plain JSON values, capped)."""
-    items, left_out = conversation(episode, max_chars=caps.chars, max_items=caps.items)
-    tokens = token_view(episode, decoder, max_tokens=caps.tokens, max_prompt_tokens=caps.prompt_tokens)
+    several = episode.num_trajectories > 1
+    if several:  # shown trajectory by trajectory
+        items, left_out, tokens = [], 0, None
+    else:
+        items, left_out = conversation(episode, max_chars=caps.chars, max_items=caps.items)
+        tokens = token_view(episode, decoder, max_tokens=caps.tokens, max_prompt_tokens=caps.prompt_tokens).to_dict()
     meta, cut = clip(json.dumps(episode.metadata, ensure_ascii=False, indent=1, sort_keys=True, default=repr),
                      MAX_META_CHARS)  # fmt: skip
+    trajectories = episode.trajectories if several else []
+    if several:
+        trained = sum(t.num_model_tokens for t in trajectories if trains(t))
+    else:
+        trained = episode.num_model_tokens if trains(episode) else 0
     return {
         "id": episode.id,
         "task": None if episode.task_id is None else str(episode.task_id),
@@ -55,7 +79,7 @@ def episode_data(episode: Episode, decoder: PieceDecoder | None, caps: Caps) -> 
         "masked": bool(episode.masked),
         "batch_cut": "batch_cut" in episode.metadata,
         "turns": len(episode.calls),
-        "calls": [[c.index, str(c.finish_reason), c.completion_tokens] for c in episode.calls],
+        "calls": [[c.index, str(c.finish_reason), c.completion_tokens, c.trajectory] for c in episode.calls],
         "tool_calls": episode.tool_calls,
         "tool_errors": episode.tool_errors,
         "parse_errors": episode.parse_errors,
@@ -63,12 +87,52 @@ def episode_data(episode: Episode, decoder: PieceDecoder | None, caps: Caps) -> 
         "tools": [[name, s.calls, s.errors, s.timeouts, s.truncated] for name, s in sorted(episode.tools.items())],
         "reward_metrics": {str(k): finite(v) for k, v in episode.reward_metrics.items()},
         "wall_s": finite(episode.timings.get("wall_s")),
-        "trained": 0 if episode.masked else episode.num_model_tokens,
+        "trained": trained,
+        "n_traj": episode.num_trajectories,
+        "prompt_tokens": episode.num_prompt_tokens,
+        "response_tokens": episode.num_response_tokens,
+        "rerendered": episode.rerendered_tokens,
+        "trajs": trajectory_data(episode, trajectories, decoder, caps),
         "items": [item.to_dict() for item in items],
         "items_left_out": left_out,
-        "tok": tokens.to_dict(),
+        "tok": tokens,
         "meta": meta + (f"\n... {cut} more characters not shown" if cut else ""),
     }
+
+
+def trajectory_data(
+    episode: Episode, trajectories: list[TokenTrajectory], decoder: PieceDecoder | None, caps: Caps
+) -> list[dict[str, Any]]:
+    """One row per trajectory of an episode of several (none for an episode of one: it is the episode),
+    with its conversation and tokens for the first and last ``caps.trajectories`` (:func:`ends`)."""
+    shown = set(ends(len(trajectories), caps.trajectories))
+    rows = []
+    for t in trajectories[:MAX_TRAJECTORY_ROWS]:
+        info = t.info
+        view = None
+        if t.index in shown:
+            items, left_out = conversation(episode, trajectory=t.index, max_chars=caps.chars, max_items=caps.items)
+            tokens = token_view(t, decoder, max_tokens=caps.tokens, max_prompt_tokens=caps.prompt_tokens)
+            first = t.calls[0].message_index if t.calls else -1
+            view = {"items": [item.to_dict() for item in items], "items_left_out": left_out,
+                    "first_message": first, "tok": tokens.to_dict()}  # fmt: skip
+        rows.append({
+            "index": t.index,
+            "agent": clip(str(info.agent), MAX_NAME_CHARS)[0],
+            "opened_by": clip(str(info.opened_by), MAX_NAME_CHARS)[0],
+            "detail": clip(str(info.detail or ""), MAX_DETAIL_CHARS)[0],
+            "calls": [c.index for c in t.calls[:MAX_CALLS_LISTED]],
+            "n_calls": len(t.calls),
+            "prompt": len(t.segments[0].token_ids) if t.segments else 0,
+            "response": sum(len(s.token_ids) for s in t.segments[1:]),
+            "model": t.num_model_tokens,
+            "rerendered": int(info.rerendered_tokens),
+            "trained": bool(info.trained),
+            "loss": trains(t),
+            "reward": finite(episode.reward_of(info.agent)),
+            "view": view,
+        })  # fmt: skip
+    return rows
 
 
 def page_data(source: Source, decoder: PieceDecoder | None, *, tokenizer_status: str, caps: Caps,
@@ -90,6 +154,7 @@ def page_data(source: Source, decoder: PieceDecoder | None, *, tokenizer_status:
             "tokens": caps.tokens,
             "prompt_tokens": caps.prompt_tokens,
             "chars": caps.chars,
+            "trajectories": caps.trajectories,
         },
         "episodes": [episode_data(e, decoder, caps) for e in source.episodes],
     }
@@ -136,6 +201,7 @@ def render(data: dict[str, Any]) -> str:
 <label>reward &le; <input type="number" id="reward-max" step="any"></label>
 <label><input type="checkbox" id="tool-errors-only"> with tool errors only</label>
 <label><input type="checkbox" id="masked-hide"> hide masked</label>
+<label><input type="checkbox" id="several-only"> several trajectories only</label>
 <label>id or task contains <input type="search" id="search"></label>
 </div>
 </section>

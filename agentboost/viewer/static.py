@@ -86,6 +86,20 @@ details.tokens-box > summary, details.meta-box > summary { cursor: pointer; font
 #compare > summary > h2 { display: inline; }
 #compare[open] > summary { margin-bottom: 8px; }
 pre.meta { white-space: pre-wrap; word-break: break-word; font-size: 12px; }
+.n-traj { color: #8250df; font-weight: 600; }
+.trajs-box { margin: 8px 0; }
+table.trajs { border-collapse: collapse; font-size: 13px; margin: 4px 0; }
+table.trajs td, table.trajs th { border: 1px solid var(--line); padding: 2px 8px; text-align: left;
+  vertical-align: top; }
+table.trajs th { background: var(--panel); font-weight: 600; }
+table.trajs td.num { text-align: right; }
+table.trajs tr.selected td { background: #f3f0ff; }
+table.trajs tr.untrained td { color: var(--muted); }
+button.traj-tab { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
+.traj-view { border: 1px solid #c8b6f5; border-radius: 6px; padding: 6px 10px; margin: 6px 0; }
+.traj-head { font-weight: 600; margin: 0 0 4px; }
+.history-note { font-size: 12px; color: var(--muted); border-top: 1px dashed var(--line); margin: 8px 0 4px;
+  padding-top: 2px; }
 """
 
 JS = r"""
@@ -124,8 +138,10 @@ JS = r"""
       box.append(el("div", "muted", data.replaced + " older records superseded by re-runs of the same episode"));
     }
     box.append(el("div", data.tokenizer.ok ? "muted" : "note", "tokenizer: " + data.tokenizer.status));
-    box.append(el("div", "muted", "caps per episode: " + data.caps.tokens + " tokens (prompt tail " +
-      data.caps.prompt_tokens + "), " + data.caps.chars + " characters per message block; " +
+    const several = episodes.some(ep => ep.n_traj > 1);
+    box.append(el("div", "muted", "caps per " + (several ? "trajectory" : "episode") + ": " + data.caps.tokens +
+      " tokens (prompt tail " + data.caps.prompt_tokens + "), " + data.caps.chars + " characters per message block; " +
+      (several ? "conversation and tokens of " + data.caps.trajectories + " trajectories per episode; " : "") +
       "cuts are marked where they happen"));
     if (data.skipped.length) {
       const details = el("details", "note skipped");
@@ -146,8 +162,18 @@ JS = r"""
     ];
     const metrics = Object.entries(ep.reward_metrics);
     if (metrics.length) rows.push(["reward metrics", metrics.map(([k, v]) => k + " " + num(v, 4)).join(", ")]);
-    rows.push(["model calls", ep.calls.map(c => "#" + c[0] + " " + c[2] + " tokens, " + c[1]).join("; ") || "none"]);
-    rows.push(["tokens", ep.tok.prompt_total + " prompt, " + ep.tok.resp_total + " response"]);
+    const several = ep.n_traj > 1;
+    rows.push(["model calls", ep.calls.map(c => "#" + c[0] + " " + c[2] + " tokens, " + c[1] +
+      (several ? " (trajectory " + c[3] + ")" : "")).join("; ") || "none"]);
+    if (several) {
+      const why = new Map();
+      for (const t of ep.trajs) why.set(t.opened_by, (why.get(t.opened_by) || 0) + 1);
+      rows.push(["trajectories", ep.n_traj + " (" + Array.from(why, ([k, v]) => k + " " + v).join(", ") + "), " +
+        ep.rerendered + " prompt tokens rendered again"]);
+      rows.push(["tokens", ep.prompt_tokens + " prompt, " + ep.response_tokens + " response (all trajectories)"]);
+    } else {
+      rows.push(["tokens", ep.tok.prompt_total + " prompt, " + ep.tok.resp_total + " response"]);
+    }
     rows.push(["tool calls", ep.tool_calls + (ep.tool_errors ? " (" + ep.tool_errors + " errors)" : "") +
       (ep.parse_errors ? ", " + ep.parse_errors + " unparseable" : "") +
       (ep.unknown_tools ? ", " + ep.unknown_tools + " to unknown tools" : "")]);
@@ -182,9 +208,18 @@ JS = r"""
     return item.role + (item.kind === "other" ? " (other content)" : "");
   }
 
-  function conversation(ep) {
+  function conversation(view) {  // an episode of one trajectory, or one trajectory's view
     const box = el("div", "conversation");
-    for (const item of ep.items) {
+    const first = view.first_message === undefined ? -1 : view.first_message;
+    let noted = false;
+    for (const item of view.items) {
+      if (first > 0 && !noted && item.message >= first) {
+        noted = true;
+        if (box.childElementCount) {
+          box.append(el("div", "history-note", "↑ the history its first call was given (its prompt renders it) · " +
+            "↓ from its first call on"));
+        }
+      }
       const div = el("div", "item role-" + token(item.role) + " kind-" + token(item.kind) +
         (item.status ? " status-" + token(item.status) : ""));
       div.append(el("div", "item-head", itemLabel(item) + (item.call === null ? "" : " · call " + item.call)));
@@ -192,16 +227,16 @@ JS = r"""
       if (item.clipped) div.append(el("div", "clip-note", "… " + item.clipped + " more characters not shown"));
       box.append(div);
     }
-    if (!ep.items.length) box.append(el("div", "muted", "no messages recorded"));
-    if (ep.items_left_out) box.append(el("div", "clip-note", ep.items_left_out + " more messages not shown"));
+    if (!view.items.length) box.append(el("div", "muted", "no messages recorded"));
+    if (view.items_left_out) box.append(el("div", "clip-note", view.items_left_out + " more messages not shown"));
     return box;
   }
 
-  function tokenTitle(ep, t, i, kind, call) {
+  function tokenTitle(unmasked, t, i, kind, call) {
     const piece = t.pieces ? t.pieces[i] : null;
     let title = "token " + t.ids[i] + (piece === null ? "" : " " + JSON.stringify(piece));
     title += "\n" + kind + (kind === "prompt" ? "" : ", call " + call);
-    title += "\nloss mask " + t.mask[i] + (kind === "model" && ep.masked ? " (episode masked: " + ep.term + ")" : "");
+    title += "\nloss mask " + t.mask[i] + (kind === "model" && unmasked ? " (" + unmasked + ")" : "");
     const lp = t.lp[i];
     if (lp !== null) title += "\nlogprob " + lp.toFixed(4) + " (p " + Math.exp(lp).toFixed(3) + ")";
     else if (kind === "model") title += "\nno logprob recorded";
@@ -209,8 +244,7 @@ JS = r"""
     return title;
   }
 
-  function tokens(ep) {
-    const t = ep.tok;
+  function tokens(t, unmasked) {  // unmasked: why model tokens carry no loss here ("" when they do)
     const box = el("div");
     if (t.note) box.append(el("div", "note", t.note));
     if (!t.ids.length) return box;
@@ -246,7 +280,7 @@ JS = r"""
         span.textContent = piece === null ? "[" + t.ids[i] + "]" : piece;
         if (piece === "") span.classList.add("empty");
         if (t.lp[i] !== null && t.lp[i] < LOW_LOGPROB) span.classList.add("lowp");
-        span.title = tokenTitle(ep, t, i, kind, call);
+        span.title = tokenTitle(unmasked, t, i, kind, call);
         parent.append(span);
       }
     }
@@ -269,13 +303,82 @@ JS = r"""
     return details;
   }
 
+  function tokensBox(t, trained, unmasked) {
+    const total = t.prompt_total + t.resp_total;
+    return lazy("tokens-box", "Tokens: " + t.ids.length + " shown of " + total + ", " + trained +
+      " trained on (hover a token for its id, loss mask and logprob)", () => tokens(t, unmasked));
+  }
+
+  function trajectoryView(ep, tr) {
+    const box = el("div", "traj-view");
+    box.dataset.index = String(tr.index);
+    box.append(el("div", "traj-head", "trajectory " + tr.index + " · agent " + tr.agent + " · opened by " +
+      tr.opened_by + (tr.detail ? ": " + tr.detail : "") + " · reward " + num(tr.reward, 4) +
+      (tr.trained ? "" : " · not trained (a call without an agent; train_aux_calls is off)")));
+    if (!tr.view) {
+      box.append(el("div", "clip-note", "its conversation and tokens are not embedded (" + data.caps.trajectories +
+        " trajectories per episode: the first and the last ones; agentboost view --max-trajectories N)"));
+      return box;
+    }
+    box.append(conversation(tr.view));
+    const unmasked = ep.masked ? "episode masked: " + ep.term : tr.trained ? "" : "trajectory not trained";
+    box.append(tokensBox(tr.view.tok, tr.loss ? tr.model : 0, unmasked));
+    return box;
+  }
+
+  function trajectories(ep) {
+    const box = el("div", "trajs-box");
+    box.append(el("h2", "", "Trajectories (" + ep.n_traj + ")"));
+    const table = el("table", "trajs");
+    const head = el("tr");
+    for (const h of ["trajectory", "agent", "opened by", "calls", "prompt tokens", "response tokens", "model tokens",
+                     "re-rendered", "trained", "reward"]) head.append(el("th", "", h));
+    table.append(head);
+    const panel = el("div", "traj-panel");
+    const rows = [];
+    function select(k) {
+      rows.forEach((row, j) => {
+        row.classList.toggle("selected", j === k);
+        row.querySelector("button").setAttribute("aria-pressed", j === k ? "true" : "false");
+      });
+      panel.replaceChildren(trajectoryView(ep, ep.trajs[k]));
+    }
+    ep.trajs.forEach((tr, k) => {
+      const row = el("tr", tr.trained ? "" : "untrained");
+      row.dataset.index = String(tr.index);
+      const cell = el("td");
+      const button = el("button", "traj-tab", "#" + tr.index);
+      button.type = "button";
+      button.addEventListener("click", () => select(k));
+      cell.append(button);
+      const more = tr.n_calls > tr.calls.length ? " … (" + tr.n_calls + " calls)" : "";
+      const calls = tr.calls.map(c => "#" + c).join(" ") + more;
+      const opened = el("td", "", tr.opened_by);
+      if (tr.detail) opened.title = tr.detail;
+      row.append(cell, el("td", "", tr.agent), opened, el("td", "", calls));
+      for (const n of [tr.prompt, tr.response, tr.model, tr.rerendered]) row.append(el("td", "num", n));
+      row.append(el("td", "", tr.trained ? "yes" : "no"), el("td", "num", num(tr.reward, 4)));
+      rows.push(row);
+      table.append(row);
+    });
+    box.append(table);
+    if (ep.trajs.length < ep.n_traj) {
+      box.append(el("div", "clip-note", (ep.n_traj - ep.trajs.length) + " more trajectories not listed"));
+    }
+    box.append(panel);
+    if (ep.trajs.length) select(0);
+    return box;
+  }
+
   function episodeBody(ep) {
     const body = el("div", "episode-body");
     body.append(factsTable(ep));
-    body.append(conversation(ep));
-    const total = ep.tok.prompt_total + ep.tok.resp_total;
-    body.append(lazy("tokens-box", "Tokens: " + ep.tok.ids.length + " shown of " + total + ", " + ep.trained +
-      " trained on (hover a token for its id, loss mask and logprob)", () => tokens(ep)));
+    if (ep.n_traj > 1) {
+      body.append(trajectories(ep));
+    } else {
+      body.append(conversation(ep));
+      body.append(tokensBox(ep.tok, ep.trained, ep.masked ? "episode masked: " + ep.term : ""));
+    }
     body.append(lazy("meta-box", "Metadata", () => el("pre", "meta", ep.meta)));
     return body;
   }
@@ -286,6 +389,7 @@ JS = r"""
     parent.append(el("span", "ep-id", ep.id));
     if (ep.task !== null) parent.append(el("span", "muted", "task " + ep.task));
     parent.append(el("span", "muted", ep.turns + " calls, " + ep.tool_calls + " tool calls"));
+    if (ep.n_traj > 1) parent.append(el("span", "n-traj", ep.n_traj + " trajectories"));
     if (ep.tool_errors) parent.append(el("span", "flag-errors", ep.tool_errors + " tool errors"));
     if (ep.masked) parent.append(el("span", "flag-masked", "masked"));
   }
@@ -332,6 +436,9 @@ JS = r"""
     }
     document.getElementById("tool-errors-only").addEventListener("change", apply);
     document.getElementById("masked-hide").addEventListener("change", apply);
+    const several = document.getElementById("several-only");
+    several.parentElement.hidden = !episodes.some(ep => ep.n_traj > 1);
+    several.addEventListener("change", apply);
     apply();
   }
 
@@ -346,6 +453,7 @@ JS = r"""
     const lo = bound("reward-min"), hi = bound("reward-max");
     const errorsOnly = document.getElementById("tool-errors-only").checked;
     const hideMasked = document.getElementById("masked-hide").checked;
+    const severalOnly = document.getElementById("several-only").checked;
     const needle = document.getElementById("search").value.trim().toLowerCase();
     let shown = 0;
     for (const [ep, card] of cards) {
@@ -354,6 +462,7 @@ JS = r"""
       if (ok && hi !== null) ok = ep.reward !== null && ep.reward <= hi;
       if (ok && errorsOnly) ok = ep.tool_errors + ep.parse_errors + ep.unknown_tools > 0;
       if (ok && hideMasked) ok = !ep.masked;
+      if (ok && severalOnly) ok = ep.n_traj > 1;
       if (ok && needle) ok = (ep.id + " " + (ep.task || "")).toLowerCase().includes(needle);
       card.hidden = !ok;
       shown += ok ? 1 : 0;

@@ -1,4 +1,7 @@
-"""An episode's tokens for display: ids, decoded pieces, loss mask, sampling log-probs, segments.
+"""A trajectory's tokens for display: ids, decoded pieces, loss mask, sampling log-probs, segments.
+
+An episode of one trajectory is shown whole; an episode of several is shown trajectory by trajectory
+(``Episode.trajectories``), each under the caps below.
 
 Pieces come from the tokenizer by decoding each token behind a few tokens of context, as a streaming
 detokenizer does: byte-level BPE tokens that hold part of a UTF-8 character have no text of their
@@ -14,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..episode import Episode, SegmentKind
+from ..episode import Episode, MultiTrajectoryError, SegmentKind, TokenTrajectory
 from .transcript import finite
 
 logger = logging.getLogger(__name__)
@@ -22,7 +25,7 @@ logger = logging.getLogger(__name__)
 CONTEXT = 4
 """Tokens of left context each piece is decoded behind."""
 MAX_TOKENS = 4096
-"""Default cap on the tokens shown per episode."""
+"""Default cap on the tokens shown per trajectory."""
 MAX_PROMPT_TOKENS = 1024
 """Default cap on the prompt tokens shown (its tail), within ``MAX_TOKENS``."""
 
@@ -33,7 +36,7 @@ class TokenizerMismatch(ValueError):
 
 @dataclass
 class TokenView:
-    """The tokens of one episode that the page embeds (see module doc)."""
+    """The tokens of one trajectory that the page embeds (see module doc)."""
 
     ids: list[int] = field(default_factory=list)
     pieces: list[str] | None = None
@@ -104,38 +107,55 @@ class PieceDecoder:
         return out
 
 
+def trains(source: Episode | TokenTrajectory) -> bool:
+    """Whether the model tokens of ``source`` carry loss: not when the episode is masked, nor in a
+    trajectory left out of training (``TrajectoryInfo.trained``)."""
+    if source.masked:
+        return False
+    if isinstance(source, TokenTrajectory):
+        return source.trained
+    return all(info.trained for info in source.trajectory_info)
+
+
 def token_view(
-    episode: Episode,
+    source: Episode | TokenTrajectory,
     decoder: PieceDecoder | None,
     *,
     max_tokens: int = MAX_TOKENS,
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     logprob_digits: int = 4,
 ) -> TokenView:
-    """The shown tokens of ``episode`` (prompt tail, response head), decoded when ``decoder`` is given."""
+    """The shown tokens of one trajectory (its prompt's tail, its response's head), decoded when
+    ``decoder`` is given: an episode of one trajectory, or one of ``Episode.trajectories``. The loss
+    mask shown is what the trainer uses (0 everywhere in a masked episode or an untrained trajectory)."""
+    if isinstance(source, Episode) and source.num_trajectories > 1:
+        raise MultiTrajectoryError(
+            f"episode {source.id} has {source.num_trajectories} trajectories: show each of episode.trajectories"
+        )
     view = TokenView()
-    if not episode.segments:
+    if not source.segments:
         view.note = "no tokens recorded"
         return view
-    prompt = episode.segments[0].token_ids
+    prompt = source.segments[0].token_ids
     view.prompt_total = len(prompt)
-    view.response_total = episode.num_tokens - len(prompt)
+    view.response_total = sum(len(s.token_ids) for s in source.segments[1:])
     view.prompt_shown = min(len(prompt), max_prompt_tokens, max_tokens)
     view.response_shown = min(view.response_total, max_tokens - view.prompt_shown)
     skip = len(prompt) - view.prompt_shown  # prompt tokens not shown (its head)
     budget = view.response_shown
-    flat: list[int] = []  # the episode's tokens up to the last one shown
+    trained = trains(source)
+    flat: list[int] = []  # the trajectory's tokens up to the last one shown
     mask: list[str] = []
-    for seg in episode.segments:
+    for position, seg in enumerate(source.segments):
         ids = seg.token_ids
-        if seg.kind is SegmentKind.PROMPT:
+        if position == 0:
             take = ids[skip:]
         else:
             take = ids[:budget]
             budget -= len(take)
         if take:
             view.segments.append((seg.kind.value, seg.call, len(view.ids), len(take)))
-            bit = "1" if seg.kind is SegmentKind.MODEL and not episode.masked else "0"
+            bit = "1" if seg.kind is SegmentKind.MODEL and trained else "0"
             mask.append(bit * len(take))
             view.ids.extend(take)
             logprobs = seg.logprobs if seg.kind is SegmentKind.MODEL and seg.logprobs is not None else None
@@ -143,7 +163,7 @@ def token_view(
                 value = finite(logprobs[k]) if logprobs is not None else None
                 view.logprobs.append(None if value is None else round(value, logprob_digits))
         flat.extend(ids)
-        if budget <= 0 and seg.kind is not SegmentKind.PROMPT:
+        if budget <= 0 and position > 0:
             break
     view.mask = "".join(mask)
     if decoder is None:

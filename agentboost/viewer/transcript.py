@@ -1,6 +1,8 @@
 """An episode's conversation as flat, capped items (text, reasoning, tool calls, tool results).
 
-What the viewer shows and what W&B trajectory tables print. Strands messages hold model output and
+What the viewer shows and what W&B trajectory tables print. An episode of several trajectories has a
+conversation per trajectory (``Episode.messages_of``): the history its first call was given (what its
+prompt renders) and what followed in it. Strands messages hold model output and
 tool output, so every field is read defensively: a block of an unexpected shape becomes an ``other``
 item naming its keys, never an exception, and every text is cut at a limit that is reported
 (``clipped`` characters not shown).
@@ -13,7 +15,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..episode import Episode
+from ..episode import Episode, ModelCall
 
 MAX_CHARS = 8000
 """Default cap on the characters of one item's text."""
@@ -38,6 +40,8 @@ class Item:
     """Tool result status (``success``, ``error``...)."""
     call: int | None = None
     """Model call that produced this assistant item (``Episode.calls`` index), when recorded."""
+    message: int = -1
+    """Index of the message this item comes from (in the messages shown)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,22 +75,43 @@ def _block_text(block: Any) -> str:
     return f"<{kinds} block>"
 
 
-def conversation(episode: Episode, *, max_chars: int = MAX_CHARS, max_items: int = MAX_ITEMS) -> tuple[list[Item], int]:
+def trajectory_calls(episode: Episode, trajectory: int | None) -> tuple[list[dict[str, Any]], list[ModelCall]]:
+    """The messages of ``trajectory`` and its calls (whose ``message_index`` points into them). ``None``:
+    the episode's own messages, with its calls when it is one trajectory (an episode of several keeps
+    the messages its reward read, which no call indexes)."""
+    if trajectory is None:
+        return episode.messages, (episode.calls if episode.num_trajectories <= 1 else [])
+    return episode.messages_of(trajectory), [c for c in episode.calls if c.trajectory == trajectory]
+
+
+def conversation(
+    episode: Episode, *, trajectory: int | None = None, max_chars: int = MAX_CHARS, max_items: int = MAX_ITEMS
+) -> tuple[list[Item], int]:
     """The conversation's items (system prompt excluded: it lives in the prompt tokens) and how many
-    items were left out past ``max_items``."""
-    call_of_message = {c.message_index: c.index for c in episode.calls if c.message_index >= 0}
+    items were left out past ``max_items``: the episode's messages, or those of ``trajectory``."""
+    messages, calls = trajectory_calls(episode, trajectory)
+    return message_items(messages, calls, max_chars=max_chars, max_items=max_items)
+
+
+def message_items(
+    messages: list[Any], calls: list[ModelCall], *, max_chars: int = MAX_CHARS, max_items: int = MAX_ITEMS
+) -> tuple[list[Item], int]:
+    """Items of ``messages`` (see :func:`conversation`); ``calls`` name the assistant messages they made."""
+    call_of_message = {c.message_index: c.index for c in calls if c.message_index >= 0}
     tool_names: dict[str, str] = {}
     items: list[Item] = []
     total = 0
+    index = -1
 
     def add(item: Item) -> None:
         nonlocal total
         total += 1
         if len(items) < max_items:
             item.text, item.clipped = clip(item.text, max_chars)
+            item.message = index
             items.append(item)
 
-    for index, message in enumerate(episode.messages):
+    for index, message in enumerate(messages):
         if not isinstance(message, dict):
             add(Item("other", "other", _as_text(message)))
             continue
@@ -143,16 +168,44 @@ def response_text(episode: Episode, *, max_chars: int = MAX_CHARS) -> str:
         if not seen_prompt and item.role == "user" and item.kind == "text":
             seen_prompt = True
             continue
-        if item.kind == "tool_call":
-            line = f"[call {item.name}] {item.text}"
-        elif item.kind == "tool_result":
-            line = f"[{item.name or 'tool'} {item.status or 'result'}] {item.text}"
-        elif item.kind == "reasoning":
-            line = f"[reasoning] {item.text}"
-        else:
-            line = f"{item.role}: {item.text}"
-        lines.append(line + (f" [+{item.clipped} chars]" if item.clipped else ""))
-    text, cut = clip("\n".join(lines), max_chars)
+        lines.append(_line(item))
+    return _head("\n".join(lines), max_chars, left_out)
+
+
+def trajectory_texts(episode: Episode, trajectory: int, *, max_chars: int = MAX_CHARS) -> tuple[str, str]:
+    """``(prompt, response)`` of one trajectory as plain text: the history its first call was given
+    (what its prompt renders; its tail when cut, the task's text alone when that is all) and what
+    followed from that call on, tool calls and results inline (its head when cut)."""
+    messages, calls = trajectory_calls(episode, trajectory)
+    items, left_out = message_items(messages, calls, max_chars=max_chars, max_items=MAX_ITEMS)
+    first = min((c.message_index for c in calls if c.message_index >= 0), default=len(messages))
+    history = [item for item in items if item.message < first]
+    after = [item for item in items if item.message >= first]
+    if len(history) == 1 and history[0].role == "user" and history[0].kind == "text":
+        prompt = history[0].text
+    else:
+        text = "\n".join(_line(item) for item in history)
+        prompt = text if len(text) <= max_chars else f"[... {len(text) - max_chars} earlier characters not shown]\n" + (
+            text[len(text) - max_chars :])  # fmt: skip
+    return prompt, _head("\n".join(_line(item) for item in after), max_chars, left_out)
+
+
+def _line(item: Item) -> str:
+    """One item as a line of plain text."""
+    if item.kind == "tool_call":
+        line = f"[call {item.name}] {item.text}"
+    elif item.kind == "tool_result":
+        line = f"[{item.name or 'tool'} {item.status or 'result'}] {item.text}"
+    elif item.kind == "reasoning":
+        line = f"[reasoning] {item.text}"
+    else:
+        line = f"{item.role}: {item.text}"
+    return line + (f" [+{item.clipped} chars]" if item.clipped else "")
+
+
+def _head(text: str, max_chars: int, left_out: int) -> str:
+    """``text`` cut to its first ``max_chars`` characters, the cut and the items left out said at the end."""
+    text, cut = clip(text, max_chars)
     if cut or left_out:
         text += f"\n[... {cut} more characters, {left_out} more items not shown]"
     return text
@@ -170,6 +223,15 @@ def tool_summary(episode: Episode) -> str:
     if episode.unknown_tool_calls:
         parts.append(f"unknown tool {episode.unknown_tool_calls}")
     return ", ".join(parts)
+
+
+def ends(count: int, cap: int) -> list[int]:
+    """Indexes of the trajectories shown of ``count`` when at most ``cap`` are: all, or the first and the
+    last ones (the task is in the first, the answer in the last)."""
+    if count <= cap:
+        return list(range(count))
+    tail = cap // 2
+    return [*range(cap - tail), *range(count - tail, count)]
 
 
 def finite(value: Any) -> float | None:

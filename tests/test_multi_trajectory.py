@@ -1,0 +1,333 @@
+"""Agents that rewrite their history and agents made of several agents, against a real HTTP server that
+speaks vLLM's completions protocol, with real tokenizers (Qwen2.5, Qwen3, Llama 3.1): every episode is
+checked trajectory by trajectory against what the server was sent and returned, and each trajectory's
+prompt against the chat template's render of the history its first call was given."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+import pytest
+from strands import Agent, tool
+from strands.agent.conversation_manager import (
+    SlidingWindowConversationManager,
+    SummarizingConversationManager,
+)
+
+from agentboost.agents.strands_agent import StrandsAgent
+from agentboost.backends.vllm_http import VLLMCompletionsBackend
+from agentboost.chat.messages import strands_to_hf, system_message, tool_specs_to_openai
+from agentboost.chat.template import ChatTemplate
+from agentboost.environments.strands_env import StrandsEnv
+from agentboost.episode import Episode, SegmentKind
+from agentboost.rollout import RolloutSettings, run_episode
+from agentboost.testing.fake_vllm import FakeVLLMServer
+from agentboost.types import Budget, RewardOutput, Termination
+
+from .conftest import template_for
+from .helpers import calls_text
+
+FAMILIES = ["qwen2.5", "qwen3-thinking", "llama3.1"]
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first integer
+        b: the second integer
+    """
+    return a + b
+
+
+class Policy:
+    """A scripted 'model' behind the fake server: each role (found by a marker in its system prompt) has
+    its own script of replies; every request and reply is logged."""
+
+    def __init__(self, template: ChatTemplate, scripts: dict[str, Any]) -> None:
+        self.template = template
+        self.scripts = scripts
+        self.counts: dict[str, int] = {}
+        self.log: list[tuple[str, list[int], list[int]]] = []
+        self.lock = threading.Lock()
+
+    def role_of(self, text: str) -> str:
+        if "conversation summarizer" in text:
+            return "summarizer"
+        found = re.search(r"ROLE=(\w+)", text)
+        return found.group(1) if found else "?"
+
+    def __call__(self, prompt_ids: list[int]) -> list[int]:
+        text = self.template.decode(prompt_ids)
+        role = self.role_of(text)
+        with self.lock:
+            k = self.counts.get(role, 0)
+            self.counts[role] = k + 1
+        reply = self.scripts[role](k, text)
+        if self.template.info.has_reasoning and not self.template.info.reasoning_prefilled:
+            reply = f"<think>\nstep {k}\n</think>\n\n{reply}"
+        out = [*self.template.encode(reply), self.template.info.eot_token_id]
+        with self.lock:
+            self.log.append((role, list(prompt_ids), out))
+        return out
+
+
+def tool_call(template: ChatTemplate, name: str, arguments: dict[str, Any]) -> str:
+    return calls_text(template.parser.name, [(name, arguments)])
+
+
+def check_token_exact(episode: Episode, policy: Policy) -> None:
+    """Every call's context (its trajectory's tokens before its response) is a prompt the server was sent,
+    and its response is exactly what the server returned for it."""
+    episode.check_invariants()
+    sent = {tuple(prompt): out for _, prompt, out in policy.log}
+    assert len(policy.log) == len(episode.calls)
+    for trajectory in episode.trajectories:
+        context: list[int] = []
+        for seg in trajectory.segments:
+            if seg.kind is SegmentKind.MODEL:
+                assert tuple(context) in sent, f"trajectory {trajectory.index}: a context the server never got"
+                assert seg.token_ids == sent[tuple(context)], f"trajectory {trajectory.index}: not the reply"
+            context.extend(seg.token_ids)
+
+
+def check_prompts_render_history(episode: Episode, template: ChatTemplate, systems: dict[str, str],
+                                 tools: dict[str, Any]) -> None:  # fmt: skip
+    """Each trajectory's prompt is the template's render of the history its first call was given."""
+    for trajectory in episode.trajectories:
+        first = trajectory.calls[0]
+        history = episode.messages_of(trajectory.index)[: first.message_index]
+        agent = trajectory.info.agent
+        hf = system_message(systems[agent]) + strands_to_hf(history)
+        specs = tool_specs_to_openai(tools.get(agent))
+        assert trajectory.prompt_ids == template.initial_prompt(hf, specs), f"trajectory {trajectory.index}"
+
+
+def run(template: ChatTemplate, policy: Policy, factory: Any, *, budget: Budget, task: str = "go",
+        reward: Any = None, settings: RolloutSettings | None = None) -> Episode:  # fmt: skip
+    with FakeVLLMServer(policy, vocab_size=len(template.tokenizer)) as server:
+        backend = VLLMCompletionsBackend(server.url)
+        env = StrandsEnv({"prompt": task}, tools=[add], reward_fn=reward or (lambda t, e: 1.0))
+        settings = settings or RolloutSettings(budget=budget)
+        episode = asyncio.run(run_episode(env, StrandsAgent(factory), backend, template, settings))
+        assert len(server.requests) == len(episode.calls)
+    return episode
+
+
+# -- a sliding window of 4 messages over 20 tool calls ---------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sliding_window_over_a_20_tool_call_episode(family: str) -> None:
+    template = template_for(family)
+    system = "ROLE=main. Add one, twenty times."
+    policy = Policy(template, {"main": lambda k, _: tool_call(template, "add", {"a": k, "b": 1}) if k < 20 else "20"})
+    pin = family != "qwen2.5"  # Llama 3.1's template needs the user turn to put the tools in; keep the task
+
+    def factory(*, model, tools, task, **defaults):
+        window = SlidingWindowConversationManager(window_size=4, per_turn=True, pin_first=1 if pin else None)
+        return Agent(model=model, tools=tools, name="main", system_prompt=system, conversation_manager=window,
+                     callback_handler=None)  # fmt: skip
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=30, max_total_tokens=4096))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert len(episode.calls) == 21 and episode.tools["add"].calls == 20
+    assert episode.final_text.strip() == "20"
+    infos = episode.trajectory_info
+    assert len(infos) >= 10, [i.opened_by for i in infos]
+    assert infos[0].opened_by == "start"
+    assert all(info.opened_by == "history_rewritten" and info.rerendered_tokens > 0 for info in infos[1:])
+    for trajectory in episode.trajectories:  # the window never holds more than 4 messages (+ the pinned task)
+        history = episode.messages_of(trajectory.index)[: trajectory.calls[0].message_index]
+        assert len(history) <= 4 + int(pin)
+    check_token_exact(episode, policy)
+    check_prompts_render_history(episode, template, {"main": system}, {"main": [add.tool_spec]})
+    # The record and its JSON agree, trajectories included.
+    assert Episode.from_json(episode.to_json()).to_dict() == episode.to_dict()
+
+
+def test_without_a_window_the_same_episode_ends_at_the_context_limit() -> None:
+    template = template_for("qwen2.5")
+    policy = Policy(template, {"main": lambda k, _: tool_call(template, "add", {"a": k, "b": 1}) if k < 20 else "20"})
+
+    def factory(*, model, tools, task, **defaults):
+        return Agent(model=model, tools=tools, name="main", system_prompt="ROLE=main.", **defaults)
+
+    def windowed(*, model, tools, task, **defaults):
+        window = SlidingWindowConversationManager(window_size=4)
+        return Agent(model=model, tools=tools, name="main", system_prompt="ROLE=main.", conversation_manager=window,
+                     callback_handler=None)  # fmt: skip
+
+    budget = Budget(max_turns=30, max_total_tokens=600, min_call_tokens=40)
+    plain = run(template, policy, factory, budget=budget)
+    assert plain.termination is Termination.MAX_TOKENS and plain.num_trajectories == 1
+    assert "token budget used up" in plain.termination_detail
+    policy = Policy(template, policy.scripts)
+    split = run(template, policy, windowed, budget=budget)  # reduces the history when the context is full
+    assert split.termination is Termination.COMPLETED, split.termination_detail
+    assert split.num_trajectories > 1 and all(len(t.prompt_ids) + len(t.response_ids) <= 600
+                                              for t in split.trajectories)  # fmt: skip
+    check_token_exact(split, policy)
+
+
+def test_a_window_that_trims_only_after_the_last_call_keeps_one_trajectory_and_its_history() -> None:
+    """Strands applies the window once more when the invocation ends: the episode is one trajectory, and
+    its record keeps the history its calls were given (Episode.messages is the trimmed final one)."""
+    template = template_for("qwen2.5")
+    policy = Policy(template, {"main": lambda k, _: tool_call(template, "add", {"a": k, "b": 1}) if k < 3 else "3"})
+
+    def factory(*, model, tools, task, **defaults):
+        window = SlidingWindowConversationManager(window_size=4)  # reactive, and at the end of the invocation
+        return Agent(model=model, tools=tools, name="main", system_prompt="ROLE=main.", conversation_manager=window,
+                     callback_handler=None)  # fmt: skip
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert episode.num_trajectories == 1 and len(episode.calls) == 4
+    assert len(episode.messages) <= 4 and episode.final_text == "3"  # trimmed after the last call
+    history = episode.messages_of(0)
+    assert len(history) == 8 and history[0]["content"][0]["text"] == "go"
+    check_token_exact(episode, policy)
+    check_prompts_render_history(episode, template, {"main": "ROLE=main."}, {"main": [add.tool_spec]})
+
+
+# -- a summarising manager whose summary is generated by the policy ---------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("train_aux", [True, False])
+def test_summarising_manager_with_the_policy_as_summariser(family: str, train_aux: bool) -> None:
+    template = template_for(family)
+    system = "ROLE=main. Add one, twelve times."
+
+    def main(k: int, text: str) -> str:
+        return tool_call(template, "add", {"a": k, "b": 1}) if k < 12 else "12"
+
+    policy = Policy(template, {"main": main, "summarizer": lambda k, _: f"* summary {k}: numbers were added"})
+
+    def factory(*, model, tools, task, **defaults):
+        manager = SummarizingConversationManager(summary_ratio=0.5, preserve_recent_messages=2)
+        return Agent(model=model, tools=tools, name="main", system_prompt=system, conversation_manager=manager,
+                     callback_handler=None)  # fmt: skip
+
+    first_prompt = template.initial_prompt(
+        system_message(system) + strands_to_hf([{"role": "user", "content": [{"text": "go"}]}]),
+        tool_specs_to_openai([add.tool_spec]),
+    )
+    budget = Budget(max_turns=40, max_total_tokens=len(first_prompt) + 420, min_call_tokens=90)
+    settings = RolloutSettings(budget=budget, train_aux_calls=train_aux)
+    episode = run(template, policy, factory, budget=budget, settings=settings)
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert episode.final_text.strip() == "12"
+    agents = [info.agent for info in episode.trajectory_info]
+    assert "aux" in agents and agents[0] == "main"
+    for trajectory in episode.trajectories:
+        if trajectory.info.agent == "aux":  # the policy wrote the summary: its own trajectory
+            assert trajectory.info.opened_by == "new_agent" or trajectory.info.opened_by == "history_rewritten"
+            assert "conversation summarizer" in template.decode(trajectory.prompt_ids)
+            assert trajectory.info.trained is train_aux
+        elif trajectory.index:  # later main trajectories hold a summary instead of the oldest turns
+            assert "numbers were added" in template.decode(trajectory.prompt_ids)
+    check_token_exact(episode, policy)
+    from agentboost.batch import episodes_to_batch
+
+    batch = episodes_to_batch([episode], pad_token_id=0)
+    assert ("aux" in batch.row_agent) is train_aux
+    assert len(batch) == sum(1 for info in episode.trajectory_info if info.trained)
+
+
+# -- an agent used as a tool --------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_agent_as_tool_pair(family: str) -> None:
+    template = template_for(family)
+    systems = {"main": "ROLE=main. Delegate sums.", "helper": "ROLE=helper. Add with the tool."}
+
+    def main(k: int, text: str) -> str:
+        return tool_call(template, "helper", {"input": "add 2 and 3"}) if k == 0 else "The answer is 5."
+
+    def helper(k: int, text: str) -> str:
+        return tool_call(template, "add", {"a": 2, "b": 3}) if k == 0 else "5"
+
+    policy = Policy(template, {"main": main, "helper": helper})
+    holder: dict[str, Any] = {}
+
+    def factory(*, model, tools, task, **defaults):
+        sub = Agent(model=model.sibling(), tools=[add], name="helper", system_prompt=systems["helper"],
+                    callback_handler=None)  # fmt: skip
+        holder["helper"] = sub
+        return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt=systems["main"], **defaults)
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert episode.final_text.strip() == "The answer is 5."
+    assert [(i.agent, i.opened_by) for i in episode.trajectory_info] == [("main", "start"), ("helper", "new_agent")]
+    main_t, helper_t = episode.trajectories
+    assert len(main_t.calls) == 2 and len(helper_t.calls) == 2
+    assert [c.index for c in main_t.calls] == [0, 3] and [c.index for c in helper_t.calls] == [1, 2]
+    assert episode.tools["add"].calls == 1 and episode.tools["helper"].calls == 1  # hooks on both agents
+    check_token_exact(episode, policy)
+    tools = {"main": [holder["helper"].as_tool().tool_spec], "helper": [add.tool_spec]}
+    check_prompts_render_history(episode, template, systems, tools)
+
+
+# -- a two-agent Swarm and a two-node Graph --------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_agent_swarm(family: str) -> None:
+    from strands.multiagent import Swarm
+
+    template = template_for(family)
+
+    def planner(k: int, text: str) -> str:
+        if k == 0:
+            return tool_call(template, "handoff_to_agent", {"agent_name": "solver", "message": "add 2 and 3"})
+        return "Handed off."
+
+    def solver(k: int, text: str) -> str:
+        return tool_call(template, "add", {"a": 2, "b": 3}) if k == 0 else "5"
+
+    policy = Policy(template, {"planner": planner, "solver": solver})
+
+    def factory(*, model, tools, task, **defaults):
+        plan = Agent(model=model, name="planner", system_prompt="ROLE=planner. Hand off.", **defaults)
+        solve = Agent(model=model, tools=[add], name="solver", system_prompt="ROLE=solver. Add.", **defaults)
+        return Swarm([plan, solve], entry_point=plan, max_handoffs=4, max_iterations=4)
+
+    def reward(task: dict, episode: Episode) -> RewardOutput:
+        return RewardOutput(1.0, role_rewards={"planner": 0.5})
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10), reward=reward)
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert episode.final_text.strip() == "5"
+    assert [(i.agent, i.opened_by) for i in episode.trajectory_info] == [("planner", "start"), ("solver", "new_agent")]
+    assert [len(t.calls) for t in episode.trajectories] == [2, 2]
+    assert episode.reward_of("planner") == 0.5 and episode.reward_of("solver") == 1.0
+    check_token_exact(episode, policy)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_node_graph(family: str) -> None:
+    from strands.multiagent import GraphBuilder
+
+    template = template_for(family)
+    policy = Policy(template, {
+        "draft": lambda k, _: "Draft: 2 + 3",
+        "check": lambda k, text: tool_call(template, "add", {"a": 2, "b": 3}) if k == 0 else "Checked: 5",
+    })  # fmt: skip
+
+    def factory(*, model, tools, task, **defaults):
+        draft = Agent(model=model, name="draft", system_prompt="ROLE=draft. Write the sum.", **defaults)
+        check = Agent(model=model, tools=[add], name="check", system_prompt="ROLE=check. Verify.", **defaults)
+        builder = GraphBuilder()
+        builder.add_node(draft, "draft")
+        builder.add_node(check, "check")
+        builder.add_edge("draft", "check")
+        builder.set_entry_point("draft")
+        return builder.build()
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert episode.final_text.strip() == "Checked: 5"
+    assert [(i.agent, i.opened_by) for i in episode.trajectory_info] == [("draft", "start"), ("check", "new_agent")]
+    # The second node's prompt carries the first node's answer (Strands hands it over as its input).
+    assert "Draft: 2 + 3" in template.decode(episode.trajectories[1].prompt_ids)
+    check_token_exact(episode, policy)
