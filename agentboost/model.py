@@ -69,6 +69,7 @@ from .errors import (
     ToolFatalError,
     TrajectoryDivergence,
 )
+from .tool_executor import ToolClock
 from .types import Budget, SamplingParams, Termination
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,8 @@ class _EpisodeState:
     pending_stop: EpisodeStop | None = None
     synthetic_messages: int = 0
     model_time_s: float = 0.0
+    server_busy_since: float = 0.0
+    """When the calls now with the server began waiting (for backends whose waits are off the clock)."""
 
 
 class TokenModel(Model):
@@ -313,6 +316,18 @@ class TokenModel(Model):
         """Share the episode deadline (monotonic seconds) set by the runner."""
         self._st.deadline = deadline
 
+    @property
+    def deadline(self) -> float:
+        """The episode's deadline (monotonic seconds). With a backend whose waits are off the episode's
+        clock (``server_time_off_clock``: verl's servers, which queue requests and pause for weight
+        updates) it moves later by the time its calls spent with the server; each call is then bounded by the
+        backend alone."""
+        return self._st.deadline
+
+    @property
+    def _off_clock(self) -> bool:
+        return bool(getattr(self.backend, "server_time_off_clock", False))
+
     def waiting_on_server_at(self, moment: float) -> bool:
         """Whether a request was with the server at ``moment`` (monotonic): a deadline that passed
         then was used up by the server, not by the policy."""
@@ -402,11 +417,13 @@ class TokenModel(Model):
             max_tokens=max_tokens,
             request_id=episode.id,
             stop_token_ids=self.template.stop_token_ids,
-            timeout_s=remaining_s,
+            timeout_s=None if self._off_clock else remaining_s,
             group_id=st.group_id,
         )
         started = time.monotonic()
         window = id(pending)
+        if not st.windows:
+            st.server_busy_since = started
         st.windows[window] = (started, None)
         try:
             result = await self._await_generation(request, cancel_signal)
@@ -421,6 +438,10 @@ class TokenModel(Model):
             st.last_window = (started, time.monotonic())
             latency = time.monotonic() - started
             st.model_time_s += latency  # a hung or cancelled request counts too
+            if self._off_clock and not st.windows:
+                # off the clock: the time some call of the episode was with the server (calls of agents
+                # running at once overlap: their union)
+                st.deadline += time.monotonic() - st.server_busy_since
         if result is None:
             return None, []
         self._validate(result, request)
@@ -604,18 +625,22 @@ class TokenModel(Model):
         self, request: GenerationRequest, cancel_signal: threading.Event | None
     ) -> GenerationResult | None:
         task = asyncio.ensure_future(self.backend.generate(request))
+        off_clock = self._off_clock
         try:
             while True:
                 remaining = self._st.deadline - time.monotonic()
-                wait_s = max(0.0, (remaining if cancel_signal is None else min(_CANCEL_POLL_S, remaining))) + 0.001
-                done, _ = await asyncio.wait({task}, timeout=wait_s)
+                wait_s: float | None = remaining if cancel_signal is None else min(_CANCEL_POLL_S, remaining)
+                if off_clock:
+                    wait_s = None if cancel_signal is None else _CANCEL_POLL_S
+                wait_s = None if wait_s is None else max(0.0, wait_s)
+                done, _ = await asyncio.wait({task}, timeout=None if wait_s is None else wait_s + 0.001)
                 if done:
                     result = task.result()
                     break
                 if cancel_signal is not None and cancel_signal.is_set():
                     task.cancel()
                     return None
-                if time.monotonic() > self._st.deadline:
+                if not off_clock and time.monotonic() > self._st.deadline:
                     task.cancel()
                     raise BackendTimeout("the wall-clock budget ran out while waiting for the inference server")
         except BaseException:
@@ -753,9 +778,11 @@ class TrajectoryHooks(HookProvider):
 
 def tool_limits_middleware(model: TokenModel) -> Any:
     """A Strands ``ExecuteToolStage`` middleware enforcing the budget's per-call tool timeout and
-    output cap. A timed-out call returns an error result to the agent (the episode goes on); a
-    synchronous tool's thread cannot be killed and is left to finish in the background (the worker
-    pool recycles processes that accumulate such threads)."""
+    output cap. A timed-out call returns an error result to the agent (the episode goes on). The
+    timeout runs from the moment the tool starts: a synchronous tool's wait for a thread does not count
+    (:class:`~agentboost.tool_executor.ToolClock`); its thread cannot be killed and is left to finish in
+    the background, abandoned and accounted by :mod:`agentboost.tool_executor` where that routes the
+    loop's tools (the worker pool recycles processes that accumulate such threads)."""
     timeout_s = model.budget.tool_timeout_s
     max_chars = model.budget.max_tool_output_chars
 
@@ -763,17 +790,19 @@ def tool_limits_middleware(model: TokenModel) -> Any:
         name = context.tool_use.get("name", "")
         stream = next_fn(context).__aiter__()
         started = time.monotonic()
-        deadline = started + timeout_s if timeout_s else None
+        clock = ToolClock(timeout_s) if timeout_s else None
         try:
             while True:
                 # Each step runs in this task (no wait_for task per step): the tool's tracing
                 # spans attach and detach in one context.
                 try:
-                    async with _deadline(deadline):
+                    async with clock.step() if clock is not None else contextlib.nullcontext():
                         event = await stream.__anext__()
                 except StopAsyncIteration:
                     return
                 except (TimeoutError, asyncio.TimeoutError):
+                    if clock is not None:
+                        clock.abandon()
                     model.episode.tools.setdefault(name, ToolStats()).timeouts += 1
                     text = f"Error: tool {name!r} timed out after {timeout_s:g} s"
                     tool_use_id = str(context.tool_use.get("toolUseId"))
@@ -788,6 +817,8 @@ def tool_limits_middleware(model: TokenModel) -> Any:
         except asyncio.CancelledError:
             # Cut off by the end of the episode (wall clock): Strands reports no result for it, but
             # the call ran and counts (as an error that timed out, like a tool timeout).
+            if clock is not None:
+                clock.abandon()
             if str(context.tool_use.get("toolUseId")) not in model._cancelled_calls:
                 stats = model.episode.tools.setdefault(name, ToolStats())
                 stats.calls += 1

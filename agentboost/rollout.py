@@ -126,6 +126,29 @@ def _exception_termination(exc: BaseException, calls_made: int) -> tuple[Termina
     return termination_of(exc)
 
 
+async def _until(awaitable: Any, deadline_of: Any) -> Any:
+    """``await awaitable`` until the monotonic ``deadline_of()``, which may move later meanwhile; then cancel
+    it and raise ``TimeoutError`` (``asyncio.wait_for`` with a deadline that can be extended)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            remaining = deadline_of() - time.monotonic()
+            if remaining <= 0:
+                break
+            done, _ = await asyncio.wait({task}, timeout=remaining)
+            if done:
+                return task.result()
+        task.cancel()
+        await asyncio.wait({task})
+        if task.cancelled():
+            raise TimeoutError
+        return task.result()  # finished (or failed) while being cancelled
+    except BaseException:
+        if not task.done():
+            task.cancel()
+        raise
+
+
 def _cause_of_type(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -182,8 +205,12 @@ async def run_episode(
     if budget.max_turns > 150 and sys.getrecursionlimit() < 10_000:
         sys.setrecursionlimit(10_000)  # the Strands event loop recurses once per model call
 
+    def current_deadline() -> float:
+        # the model's: a backend whose waits are off the episode's clock moves it (TokenModel.deadline)
+        return float(getattr(model, "deadline", deadline))
+
     def left() -> float:
-        remaining = deadline - time.monotonic()
+        remaining = current_deadline() - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
         return remaining
@@ -203,14 +230,14 @@ async def run_episode(
             # enforces the same budget as a backstop.
             turns_left = max(1, budget.max_turns - len(episode.calls))
             invocation = invoke(strands_agent, prompt, turns_left=turns_left)
-            termination, detail = await asyncio.wait_for(invocation, timeout=left() + _TIMEOUT_GRACE_S)
+            termination, detail = await _until(invocation, lambda: current_deadline() + _TIMEOUT_GRACE_S)
             if termination is not Termination.COMPLETED:
                 break
             phase = "environment (next user turn)"
             prompt = await asyncio.wait_for(env.next_user_message(final_messages(strands_agent)), timeout=left())
     except (TimeoutError, asyncio.TimeoutError):
         used = f"wall-clock budget of {budget.wall_clock_s}s used up"
-        if phase == "agent" and not model.waiting_on_server_at(deadline):
+        if phase == "agent" and not model.waiting_on_server_at(current_deadline()):
             termination, detail = Termination.TIMEOUT, f"{used} while the agent was acting (its tools or loop)"
         else:
             waiting = "the inference server" if phase == "agent" else phase

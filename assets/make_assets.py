@@ -22,6 +22,10 @@ Figures (written into assets/, each under 300 KB):
   ``final_model``), in headless Chromium (Debian: ``apt-get install chromium chromium-driver``; ``pip
   install selenium``), one episode and its tokens open.
 
+Every command runs in the checkout with paths relative to it (the trained model through a link in
+``--work``), so no figure shows an absolute path of the machine that made it; the viewer page is checked
+for such paths before its screenshot is taken.
+
 Intermediate runs go to ``--work`` (default ``runs/assets``); evaluations there resume, so a second
 run of this script only redraws.
 """
@@ -46,6 +50,23 @@ FIGURES = ("quickstart", "eval", "architecture", "viewer")
 MAX_BYTES = 300_000
 
 logger = logging.getLogger("make_assets")
+
+
+def shown(path: Path) -> str:
+    """``path`` as committed figures show it: relative to the checkout (the commands run there), never an
+    absolute path of the machine that made them."""
+    try:  # abspath, not resolve: the model link must stay a link
+        return os.path.relpath(os.path.abspath(path), os.path.abspath(REPO))
+    except ValueError:  # another drive (Windows)
+        return path.name
+
+
+def no_machine_paths(text: str, where: str, *paths: Path) -> None:
+    """Refuse a figure's source (an HTML page) that names an absolute path of this machine: the checkout,
+    ``paths`` (the runs it shows) or the usual scratch and home directories."""
+    for root in (str(REPO.resolve()), *(str(p.resolve()) for p in paths), "/tmp/", "/root/", "/home/", "/work/"):
+        if root in text:
+            raise RuntimeError(f"{where} names the absolute path {root!r}: committed figures show relative ones")
 
 
 def agentboost(*args: str) -> None:
@@ -123,9 +144,9 @@ def eval_tiny_math(work: Path, figures: Path) -> Path:
     subprocess.run([sys.executable, str(REPO / "examples/math/prepare_math_data.py"), "--sample", "--out-dir",
                     str(data), "--register", "no"], check=True, cwd=REPO, stdout=subprocess.DEVNULL)  # fmt: skip
     out = work / "eval-math-tiny"
-    agentboost("eval", "--example", "math", "--data", str(data / "test.jsonl"), "--backend", "tiny", "--n", "4",
+    agentboost("eval", "--example", "math", "--data", shown(data / "test.jsonl"), "--backend", "tiny", "--n", "4",
                "--workers", "0", "--seed", "0", "--max-turns", "4", "--max-tokens-per-call", "64",
-               "--out", str(out))  # fmt: skip
+               "--out", shown(out))  # fmt: skip
     shutil.copyfile(out / "report.png", figures / "eval_report.png")
     small_png(figures / "eval_report.png")
     return out
@@ -148,9 +169,13 @@ def eval_quickstart_model(run_dir: Path, work: Path, figures: Path) -> Path:
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = work / "eval-quickstart"
     shutil.rmtree(out, ignore_errors=True)  # this script's own scratch: `agentboost eval` refuses a used --out
-    agentboost("eval", "--example", "arithmetic", "--data", str(data), "--backend", f"hf:{run_dir / 'final_model'}",
+    model = work / "quickstart-model"  # a link in the work directory: the report and the viewer name it relatively
+    if model.is_symlink() or model.exists():
+        model.unlink()
+    model.symlink_to((run_dir / "final_model").resolve(), target_is_directory=True)
+    agentboost("eval", "--example", "arithmetic", "--data", shown(data), "--backend", f"hf:{shown(model)}",
                "--n", "4", "--temperature", "1.0", "--seed", "0", "--workers", "0", "--max-turns", "4",
-               "--max-tokens-per-call", "48", "--out", str(out))  # fmt: skip
+               "--max-tokens-per-call", "48", "--out", shown(out))  # fmt: skip
     shutil.copyfile(out / "report.png", figures / "eval_quickstart.png")
     small_png(figures / "eval_quickstart.png")
     return out
@@ -173,7 +198,8 @@ def viewer_screenshot(eval_dir: Path, work: Path, figures: Path, title: str) -> 
     from agentboost.viewer.browser import open_chromium
 
     page = work / "view.html"
-    agentboost("view", str(eval_dir), "--out", str(page), "--title", title)
+    agentboost("view", shown(eval_dir), "--out", shown(page), "--title", title)
+    no_machine_paths(page.read_text(encoding="utf-8"), str(page), eval_dir, work)
     driver = open_chromium(width=1280, height=1000)
     try:
         driver.get(page.as_uri())

@@ -6,7 +6,7 @@ system prompt and a user turn. Each row gets a new loop object, as verl's ``Agen
 figure is wall time / model calls, so it includes everything a loop does per episode (env and agent
 construction, rendering, parsing, tools, the output record). Needs verl 0.9 (its own environment)::
 
-    python benchmarks/verl_agent_loop_overhead.py [--episodes 64] [--calls 4] [--concurrency 1 16]
+    python benchmarks/verl_agent_loop_overhead.py [--episodes 64] [--calls 4] [--concurrency 1 16 64]
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--calls", type=int, default=4, help="model calls per episode (the last one answers)")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per loop; the median is reported")
     args = parser.parse_args()
     ctx = setup(args.calls)

@@ -171,3 +171,21 @@ def test_real_trainer_builds_the_batch_rllm_trains_on(qwen25_tokenizer, tmp_path
     padded = trainer._pad_dataproto_to_world_size(batch)  # rLLM's own padding, adapted
     assert len(padded) == 8 and padded.batch["response_mask"][6:].sum() == 0
     assert padded.batch["response_mask"][:3].sum() > 0
+
+
+def test_apply_patches_check_reports_the_real_release_patched_over_its_known_files() -> None:
+    """``apply_patches.py --check`` on the real installed release: every target ``patched`` over the upstream file
+    of that release (not forced over an unknown one), exit 0, no traceback."""
+    patched_modules()
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "apply_patches.py"
+    done = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=300,
+                          cwd=Path(script).parent)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stderr.splitlines() if line.startswith(("rllm.", "verl."))]
+    states = {row[0]: row[1] for row in rows if not row[0].endswith(":")}
+    assert states and set(states.values()) == {"patched"}, done.stderr
+    assert "Traceback" not in done.stderr and "(--force)" not in done.stderr

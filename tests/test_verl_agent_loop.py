@@ -8,6 +8,9 @@ call's prompt + its reply, the loss mask is 1 exactly on sampled tokens, the log
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -298,6 +301,206 @@ def test_install_registers_loop_and_estimator_and_refuses_other_versions() -> No
     )
 
 
+# -- sync tools on their own threads (agentboost.tool_executor) -------------------------------------------
+def slow_calculator(seconds: float, gate: threading.Event | None = None) -> Any:
+    """A synchronous ``calculator`` tool that takes ``seconds`` (or hangs until ``gate`` is set)."""
+    from strands import tool
+
+    from agentboost.tools.calculator import calculator as real
+
+    @tool(name="calculator", description="Evaluate an arithmetic expression.",
+          inputSchema={"json": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                "required": ["expression"]}})  # fmt: skip
+    def calculator(expression: str) -> dict:
+        if gate is not None:
+            gate.wait(60)
+        else:
+            time.sleep(seconds)
+        return real._tool_func(expression)
+
+    return calculator
+
+
+def small_default_executor() -> None:
+    """The default executor a 2-core verl worker actor has (min(32, cpus + 4) threads), whatever this machine is."""
+    asyncio.get_running_loop().set_default_executor(concurrent.futures.ThreadPoolExecutor(6))
+
+
+def run_with_small_executor(loop_cls, template, rows, *, config, client, entry):
+    async def main():
+        small_default_executor()
+        return await fv.run_rows(loop_cls, rows, config=config, tokenizer=template.tokenizer, server_manager=client,
+                                 entry={"env_class": ENV, **entry})  # fmt: skip
+
+    return asyncio.run(main())
+
+
+def test_concurrent_sync_tools_do_not_time_out_while_waiting_for_a_thread(loop_cls, qwen25_template) -> None:
+    """24 episodes call a 2 s synchronous tool at once under a 3 s tool timeout. On the loop's default executor
+    (6 threads on 2 cores) 18 of them waited in its queue while their timeout ran and were trained on as tool
+    timeouts; on the tools' own threads, with the timeout started when the tool starts, none is."""
+    config, _, client = stack(qwen25_template)
+    rows = [row("2 + 3", f"u{i // 4}") for i in range(24)]
+    entry = {"env_args": {"tools": [slow_calculator(2.0)]}, "budget": {"tool_timeout_s": 3.0}, "wall_clock_s": 120}
+    outputs = run_with_small_executor(loop_cls, qwen25_template, rows, config=config, client=client, entry=entry)
+    errors = [o.extra_fields["reward_extra_info"]["strands_tool_errors"] for o in outputs]
+    assert errors == [0.0] * 24
+    assert [o.reward_score for o in outputs] == [1.0] * 24  # the tool's real result reached every episode
+    assert all(o.extra_fields["reward_extra_info"]["strands_tool_s"] >= 1.9 for o in outputs)
+
+
+def test_hung_sync_tools_do_not_poison_the_next_episodes(loop_cls, qwen25_template) -> None:
+    """6 tool calls hang past their timeout. Their threads cannot be killed; on the default executor they took
+    all 6 threads and the next episodes' env.reset waited behind them until the wall clock ended them as
+    infra_error. Here they are abandoned (counted as hung, replaced) and the next episodes run normally."""
+    from agentboost import tool_executor
+
+    config, _, client = stack(qwen25_template)
+    gate = threading.Event()
+    hung_entry = {"env_args": {"tools": [slow_calculator(0, gate)]}, "budget": {"tool_timeout_s": 0.5},
+                  "wall_clock_s": 8}  # fmt: skip
+    normal_entry = {"budget": {"tool_timeout_s": 5.0}, "wall_clock_s": 8}
+
+    async def main():
+        small_default_executor()
+        kwargs = {"config": config, "tokenizer": qwen25_template.tokenizer, "server_manager": client}
+        hung = await fv.run_rows(loop_cls, [row("2 + 3", f"h{i}") for i in range(6)],
+                                 entry={"env_class": ENV, **hung_entry}, **kwargs)  # fmt: skip
+        normal = await fv.run_rows(loop_cls, [row("4 * 4", f"n{i}") for i in range(4)],
+                                   entry={"env_class": ENV, **normal_entry}, **kwargs)  # fmt: skip
+        executor = tool_executor.installed()
+        return hung, normal, executor.tools.stats() if executor is not None else None
+
+    try:
+        hung, normal, stats = asyncio.run(main())
+    finally:
+        gate.set()
+    assert [o.extra_fields["strands"]["termination"] for o in hung] == ["completed"] * 6  # the tool timed out
+    assert [o.extra_fields["reward_extra_info"]["strands_tool_errors"] for o in hung] == [1.0] * 6
+    assert [o.extra_fields["strands"]["termination"] for o in normal] == ["completed"] * 4
+    assert [o.reward_score for o in normal] == [1.0] * 4
+    assert stats is not None and stats["hung"] == 6 and stats["abandoned_total"] == 6
+
+
+def test_tool_pool_replaces_hung_threads_and_fails_past_its_limit() -> None:
+    from agentboost.errors import ToolFatalError
+    from agentboost.tool_executor import SyncToolPool, ToolClock
+
+    gate = threading.Event()
+    pool = SyncToolPool(max_threads=1, max_hung=2)
+
+    async def call(fn, timeout_s):
+        clock = ToolClock(timeout_s)
+        loop = asyncio.get_running_loop()
+        try:
+            async with clock.step():
+                return await asyncio.wrap_future(pool.submit(clock, fn), loop=loop)
+        except TimeoutError:
+            clock.abandon()
+            return "timed out"
+
+    async def main():
+        first = await call(lambda: gate.wait(30), 0.2)
+        second = await call(lambda: gate.wait(30), 0.2)  # one thread at most, but the hung one was replaced
+        with pytest.raises(ToolFatalError, match="2 timed-out tool calls"):
+            await call(lambda: "x", 5)
+        return first, second, pool.stats()
+
+    try:
+        first, second, stats = asyncio.run(main())
+    finally:
+        gate.set()
+    assert (first, second) == ("timed out", "timed out")
+    assert stats["hung"] == 2 and stats["threads_started"] == 2 and stats["rejected_total"] == 1
+    deadline = time.monotonic() + 10
+    while pool.stats()["hung"] and time.monotonic() < deadline:  # released threads return and leave
+        time.sleep(0.05)
+    assert pool.stats()["hung"] == 0
+
+
+def test_a_queued_sync_tool_starts_its_timeout_when_it_starts() -> None:
+    from agentboost.tool_executor import SyncToolPool, ToolClock
+
+    pool = SyncToolPool(max_threads=1)
+
+    async def call(seconds):
+        clock = ToolClock(0.6)
+        async with clock.step():
+            await asyncio.wrap_future(pool.submit(clock, time.sleep, seconds))
+        return clock.queued_s
+
+    async def main():
+        return await asyncio.gather(call(0.4), call(0.4), call(0.4))  # 1.2 s in all, one thread, 0.6 s each
+
+    queued = asyncio.run(main())
+    assert sorted(queued)[-1] >= 0.7  # the last one waited ~0.8 s for the thread and still did not time out
+
+
+# -- the episode clock on verl's servers -----------------------------------------------------------------
+def test_time_waiting_on_verls_servers_is_off_the_episode_clock(loop_cls, qwen25_template) -> None:
+    """verl's servers queue requests and, in the async trainer modes, pause for the whole weight update: an
+    episode waiting on them is not the policy's slowness. With a 1 s wall clock and 1.5 s per server call the
+    episode completes (it ended infra_error, 'waiting on the inference server'); its tool time still counts."""
+    config = fv.trainer_config()
+    servers = [fv.FakeVLLMServer("s0", fv.arithmetic_policy(qwen25_template), config=config,
+                                 eos_token_id=qwen25_template.tokenizer.eos_token_id, latency_s=1.5)]  # fmt: skip
+    client = fv.FakeLLMServerClient(servers)
+    [output] = run(loop_cls, qwen25_template, [row("2 + 3", "u")], config=config, client=client,
+                   entry={"wall_clock_s": 1.0})  # fmt: skip
+    assert output.extra_fields["strands"]["termination"] == "completed", output.extra_fields["strands"]["detail"]
+    assert output.reward_score == 1.0 and output.extra_fields["reward_extra_info"]["strands_model_s"] >= 3.0
+    [slow_tool] = run(loop_cls, qwen25_template, [row("2 + 3", "v")], config=config, client=client,
+                      entry={"wall_clock_s": 2.5, "env_args": {"tools": [slow_calculator(4.0)]},
+                             "budget": {"tool_timeout_s": None}})  # fmt: skip
+    assert slow_tool.extra_fields["strands"]["termination"] == "timeout"  # the agent's own time counts
+
+
+# -- item 8: ids, finish reasons -------------------------------------------------------------------------
+def test_full_determinism_gives_every_v1_episode_its_own_id(loop_cls, qwen25_template) -> None:
+    """verl 0.9.1's V1 worker passes no ``priority``: ToolAgentLoop's det-<priority> rule makes every episode
+    det-0 (one vLLM request id, one sticky replica). Stable ids per (step, row, sample) instead."""
+    config = fv.trainer_config(**{"actor_rollout_ref.rollout.full_determinism": True})
+    config, _, client = stack(qwen25_template, config=config)
+    rows = [
+        {**row("2 + 3", f"u{i}"), "index": i, "global_steps": 3, "session_id": s} for i in range(2) for s in range(2)
+    ]
+    outputs = run(loop_cls, qwen25_template, rows, config=config, client=client)
+    ids = [o.extra_fields["strands"]["episode_id"] for o in outputs]
+    assert ids == ["det-3-0-0", "det-3-0-1", "det-3-1-0", "det-3-1-1"]
+    assert {c.server for c in client.calls} == {"s0", "s1"}
+
+
+def test_backend_reads_the_fully_async_clients_length_after_a_stop_token_as_stop() -> None:
+    out = fv.TokenOutput
+    # FullyAsyncLLMServerClient sets "length" once the cumulative tokens reach max_tokens, EOS or not
+    assert generate(out(token_ids=[5, 6, 7, 9], stop_reason="length"))[0].finish_reason == "stop"
+    assert generate(out(token_ids=[5, 6, 7, 8], stop_reason="length"))[0].finish_reason == "length"
+
+
+def test_backend_judges_a_cut_by_the_servers_context_window_as_length() -> None:
+    """verl's server clamps max_tokens to max_model_len - len(prompt): 2 tokens for a 3-token prompt in a 5-token
+    window. A 2-token reply without a stop token was cut (it was read as a finished turn)."""
+    request = GenerationRequest([1, 2, 3], SamplingParams(), 4, "ep", stop_token_ids=(9,))
+    reply = fv.TokenOutput(token_ids=[5, 6], stop_reason="completed")
+    backend = VerlLLMClientBackend(StubClient(reply), max_model_len=5)
+    assert asyncio.run(backend.generate(request)).finish_reason == "length"
+    assert asyncio.run(VerlLLMClientBackend(StubClient(reply)).generate(request)).finish_reason == "stop"
+
+
+def test_budget_comes_from_the_servers_effective_context(tmp_path, qwen25_template) -> None:
+    """Without rollout.max_model_len verl's servers use the model's max_position_embeddings: the budget too."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(max_position_embeddings=300, vocab_size=1000).save_pretrained(tmp_path)
+    config = fv.trainer_config(**{"actor_rollout_ref.model.path": str(tmp_path)})
+    options = verl_agent_loop.StrandsLoopOptions.from_mapping({"env_class": ENV})
+    runner = verl_agent_loop.StrandsRowRunner(config, qwen25_template.tokenizer, options)
+    assert runner.budget.max_total_tokens == 300  # not 512 + 256
+    assert runner.max_model_len == 300
+    config = fv.trainer_config(**{"actor_rollout_ref.rollout.max_model_len": 400})
+    assert verl_agent_loop.StrandsRowRunner(config, qwen25_template.tokenizer, options).budget.max_total_tokens == 400
+
+
 # -- episodes of several trajectories (README, "Agents that rewrite their history") ------------------------
 WINDOWED = {"agent_args": {"agent_factory": "agentboost.environments.arithmetic:windowed_agent"}}
 
@@ -374,3 +577,26 @@ def test_agentboost_grpo_counts_each_session_once_in_v1() -> None:
     assert (out.batch["advantages"][:, 3] == 0).all()  # only loss tokens carry it
     module.compute_advantage_for_multi_trajectories(data, keys, "grpo")
     assert calls == ["grpo"]  # other estimators go to verl's own function
+
+
+def test_training_step_metrics_from_the_rows_count_episodes_not_trajectories(loop_cls, qwen25_template) -> None:
+    """agentboost's replay buffer turns the rows' reward_extra_info into strands/* (verl_sampler.row_metrics):
+    the loop's rows give the rLLM route's per-episode numbers, an episode of several trajectories counting once."""
+    from agentboost.integration.verl_sampler import row_metrics
+
+    config, _, client = stack(qwen25_template)
+    rows = [row("2 + 3", "a"), row("7 * 6", "a"), {"raw_prompt": [], "extra_info": {}, "uid": "b"}]
+    outputs = run(loop_cls, qwen25_template, rows, config=config, client=client)
+    metrics = row_metrics([o.extra_fields["reward_extra_info"] for o in outputs])
+    assert metrics["strands/episodes"] == 3 and metrics["strands/masked_fraction"] == pytest.approx(1 / 3)
+    assert metrics["strands/termination/completed"] == pytest.approx(2 / 3)
+    assert metrics["strands/termination/infra_error"] == pytest.approx(1 / 3)
+    assert metrics["strands/tool_calls_per_episode"] == pytest.approx(2 / 3)
+    assert metrics["strands/model_calls_per_episode"] == pytest.approx(4 / 3)
+    infos = [o.extra_fields["reward_extra_info"] for o in outputs]
+    two = {**infos[0], "strands_trajectories": 2.0, "strands_tool_calls": 4.0}  # one episode, two rows
+    weighted = row_metrics([two, two, infos[2]])
+    assert weighted["strands/episodes"] == 2 and weighted["strands/rows"] == 3
+    assert weighted["strands/tool_calls_per_episode"] == 2.0 and weighted["strands/masked_fraction"] == 0.5
+    assert weighted["strands/trajectories_per_episode"] == 1.5
+    assert row_metrics([{"other": 1.0}]) == {}

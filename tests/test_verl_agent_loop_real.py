@@ -1,8 +1,12 @@
 """The ``strands_agent`` loop inside the real verl 0.9.1 (skipped without it: CI has no verl).
 
-Run in verl 0.9's own environment (``pip install -c constraints/verl09.txt -e ".[verl09,test]"``)::
+Run in verl 0.9's own environment (README "verl-native route", "On CPU"; CI's second venv)::
 
     python -m pytest tests/test_verl_agent_loop_real.py -q
+
+The V1 path the launch scripts use (``AgentLoopWorkerTQ``, TransferQueue, ``_validate``,
+``_compute_advantage``, ``_compute_metrics``, the replay buffer) runs for real, end to end, in
+``tests/test_verl_cpu_e2e.py``; this file checks the pieces one by one:
 
 * verl's ``AgentLoopWorker`` loads the loop through the shipped YAML (``agent_loop_config_path``, Hydra
   ``instantiate``) and verl's own post-processing turns the outputs into exactly the tensors
@@ -12,7 +16,8 @@ Run in verl 0.9's own environment (``pip install -c constraints/verl09.txt -e ".
 * the V1 trainer's per-row dict (``AgentLoopOutput.as_dict``) and verl's advantage code
   (``compute_advantage``, V1's ``compute_advantage_for_multi_trajectories``) with ``agentboost_grpo``;
 * equivalence with verl's own ``ToolAgentLoop`` for conversations both can express, token by token,
-  with every difference listed in :func:`test_the_differences_from_tool_agent_loop_are_the_listed_ones`.
+  with every difference listed in :func:`test_the_differences_from_tool_agent_loop_are_the_listed_ones`;
+* agentboost's replay buffer (Strands metrics at training steps) and the plugin's separate_async fix.
 
 The rollout servers are the fakes of ``tests/fake_verl09.py`` (no GPU, no vLLM).
 """
@@ -432,3 +437,63 @@ def test_the_differences_from_tool_agent_loop_are_the_listed_ones(model_dir) -> 
     assert set(ref.extra_fields) - set(ours.extra_fields) == {"global_steps"}
     for key in ("min_global_steps", "max_global_steps"):
         assert ours.extra_fields[key] == ref.extra_fields[key]
+
+
+def test_strands_replay_buffer_is_verls_own_and_reports_strands_metrics_once_per_step(monkeypatch) -> None:
+    """verl builds the custom sampler with its base arguments only (trainer_base.py:160-167); the Strands buffer
+    is verl's ReplayBuffer (sync) or ReplayBufferAsync (async modes) plus strands/* metrics of the rows it hands
+    out, pooled over the mini-batches of one step (parameter_sync_step) and reported once."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+    from verl.utils.import_utils import load_extern_type
+
+    from agentboost.integration import verl_sampler
+
+    cls = load_extern_type("pkg://agentboost.integration.verl_sampler", "StrandsReplayBuffer")
+    base = {"max_off_policy_threshold": 8, "max_off_policy_strategy": "drop", "sampler_kwargs": {}, "refill_fn": None}
+    sync = cls(trainer_mode="sync", trainer_config=OmegaConf.create({}), **base)
+    assert type(sync.inner) is ReplayBuffer and sync.sync_steps == 1
+    separate = cls(trainer_mode="separate_async", trainer_config=OmegaConf.create({"parameter_sync_step": 2}), **base)
+    assert type(separate.inner) is ReplayBufferAsync and separate.sync_steps == 2
+
+    def info(termination: str, masked: float, tools: float) -> dict:
+        row = {f"strands_termination_{t}": float(t == termination) for t in ("completed", "max_turns", "infra_error")}
+        return {**row, "strands_masked": masked, "strands_tool_calls": tools, "strands_tool_errors": 1.0,
+                "strands_latency_s": 2.0 + tools, "strands_model_s": 1.0}  # fmt: skip
+
+    batches = [[info("completed", 0.0, 2.0), info("max_turns", 0.0, 4.0)], [info("infra_error", 1.0, 0.0)] * 2]
+    monkeypatch.setattr(verl_sampler, "batch_infos", lambda batch: batch)
+    handed = iter([*batches, []])
+
+    def sample(global_steps: int, partition_id: str, batch_size: int) -> tuple:
+        return next(handed), {"training/off_policy/evicted_samples": 0}
+
+    monkeypatch.setattr(separate.inner, "sample", sample)
+    _, first = separate.sample(global_steps=5, partition_id="train", batch_size=2)
+    _, second = separate.sample(global_steps=5, partition_id="train", batch_size=2)
+    assert not any(k.startswith("strands/") for k in first)  # reported once, with the step's last mini-batch
+    assert second["strands/episodes"] == 4 and second["strands/masked_fraction"] == 0.5
+    assert second["strands/termination/infra_error"] == 0.5 and second["strands/termination/completed"] == 0.25
+    assert second["strands/tool_calls_per_episode"] == 1.5 and second["strands/tool_error_rate"] == pytest.approx(4 / 6)
+    assert second["strands/latency_s/max"] == 6.0 and second["training/off_policy/evicted_samples"] == 0
+    _, val = separate.sample(global_steps=5, partition_id="val", batch_size=2)
+    assert not any(k.startswith("strands/") for k in val)  # validation: verl's val-aux/* already has them
+
+
+def test_plugin_keeps_verls_separate_async_trainer_from_crashing_on_its_own_log_call(monkeypatch) -> None:
+    """verl 0.9.1's PPOTrainerSeparateAsync._setup logs with ``flush=True`` when hybrid_engine=false (ASYNC=separate):
+    at INFO, logging raises TypeError and the trainer dies before its first step."""
+    import logging
+    import sys
+
+    import verl.trainer.ppo.v1.trainer_separate_async as separate
+
+    from agentboost.integration.verl_plugin import quiet_separate_async_logger
+
+    monkeypatch.setattr(separate.logger, "level", logging.INFO)  # the module's default (VERL_LOGGING_LEVEL unset)
+    with pytest.raises(TypeError, match="flush"):
+        separate.logger.info("standalone replicas only", flush=True)
+    assert sys.modules["verl.trainer.ppo.v1.trainer_separate_async"] is separate
+    assert quiet_separate_async_logger() is True
+    separate.logger.info("standalone replicas only", flush=True)  # skipped below WARNING: no crash
+    assert quiet_separate_async_logger() is False  # idempotent

@@ -10,12 +10,19 @@ What verl 0.9.1 reports and how it is read (``vllm_async_server.py``, ``vLLMHttp
 
 * ``stop_reason`` is ``"completed"`` for both of vLLM's ``stop`` and ``length``, ``"aborted"`` for an
   aborted request (weight sync, preemption, shutdown; often with no tokens at all), ``None`` when
-  unknown; the fully-async client reports ``"length"`` once the budget is spent. ``stop``/``length``
-  are therefore derived from the tokens (:func:`~agentboost.backends.verl_server.derive_finish_reason`:
-  a reply that filled its ``max_tokens`` without a stop token was cut); an abort is an infrastructure
-  error, never a finished turn.
-* ``max_tokens`` is honoured (clamped to ``max_model_len - len(prompt)``); a prompt that leaves no room
-  raises ``ValueError("... leaves no room to generate ...")``: a context overflow.
+  unknown; the fully-async client (``ASYNC=1``/``separate``) reports ``"length"`` whenever its
+  cumulative tokens reach ``max_tokens``, also when the last of them is the end-of-turn token.
+  ``stop``/``length`` are therefore derived from the tokens
+  (:func:`~agentboost.backends.verl_server.derive_finish_reason`: a reply that ends with a stop token
+  stopped; one that filled its limit without one was cut); an abort is an infrastructure error, never a
+  finished turn.
+* ``max_tokens`` is honoured, clamped by the server to ``max_model_len - len(prompt)``; the limit a reply
+  is judged against is the smaller of the two (``max_model_len``: the server's effective context, the
+  rollout config's or the model's ``max_position_embeddings``). A prompt that leaves no room raises
+  ``ValueError("... leaves no room to generate ...")``: a context overflow.
+* The time a call waits on verl's servers (their queue, the generation, and in the async trainer modes
+  the weight updates during which the servers are paused) does not count against the episode's wall
+  clock (``server_time_off_clock``); ``request_timeout_s`` bounds each call.
 * ``extra_fields["global_steps"]`` is the weight version that served the call (kept per call, and the
   episode's min/max travel to the trainer for verl's staleness control).
 """
@@ -23,6 +30,7 @@ What verl 0.9.1 reports and how it is read (``vllm_async_server.py``, ``vLLMHttp
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from ..errors import BackendContextOverflow, BackendError, BackendTimeout
@@ -30,7 +38,9 @@ from .base import GenerationRequest, GenerationResult
 from .verl_server import derive_finish_reason
 
 _CONTEXT_MARKERS = ("leaves no room", "maximum context length", "maximum model length", "max_model_len", "too long")
-_COMPLETED = "completed"  # verl's name for vLLM's stop *or* length: says nothing about which
+_DERIVED = ("completed", "length")
+"""verl's ``completed`` (vLLM's stop *or* length) and the fully-async client's ``length`` (set on the cumulative
+token count, stop token or not) say nothing reliable about which: derived from the tokens."""
 
 
 class VerlLLMClientBackend:
@@ -39,15 +49,25 @@ class VerlLLMClientBackend:
     Args:
         client: the agent loop's ``server_manager``.
         passthrough: verl sampling keys agentboost does not model (sent unchanged with every call).
-        request_timeout_s: cap on one call (the episode deadline may be shorter).
+        request_timeout_s: cap on one call (off the episode's clock, see the module docstring).
+        max_model_len: the servers' context window (verl clamps ``max_tokens`` to the room left in it).
     """
 
+    server_time_off_clock = True
+    """Waits on verl's servers do not count against the episode's wall clock (TokenModel.deadline)."""
+
     def __init__(
-        self, client: Any, *, passthrough: dict[str, Any] | None = None, request_timeout_s: float = 1800.0
+        self,
+        client: Any,
+        *,
+        passthrough: dict[str, Any] | None = None,
+        request_timeout_s: float = 1800.0,
+        max_model_len: int | None = None,
     ) -> None:
         self.client = client
         self.passthrough = dict(passthrough or {})
         self.request_timeout_s = request_timeout_s
+        self.max_model_len = max_model_len
         self.global_steps: list[int] = []
         """Weight versions (verl ``global_steps``) that served this backend's calls (min/max matter)."""
         self.preempted: int | None = None
@@ -101,8 +121,12 @@ class VerlLLMClientBackend:
         if len(token_ids) > request.max_tokens:
             raise BackendError(f"verl returned {len(token_ids)} tokens for max_tokens={request.max_tokens}")
         reported = getattr(output, "stop_reason", None)
+        limit = request.max_tokens
+        if self.max_model_len:
+            limit = max(1, min(limit, self.max_model_len - len(request.prompt_ids)))
+        judged = request if limit == request.max_tokens else dataclasses.replace(request, max_tokens=limit)
         finish = derive_finish_reason(
-            None if reported == _COMPLETED else reported, token_ids, request, where="verl rollout server"
+            None if reported in _DERIVED else reported, token_ids, judged, where="verl rollout server"
         )
         extra = dict(getattr(output, "extra_fields", None) or {})
         version = extra.get("global_steps")

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+
+# transformers' advice at import that it found no torch is noise for a core install (an HTTP backend needs
+# none), and a second line on stderr where the contract promises one; set before anything imports it.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from .. import __version__
 from . import contract, export, prepare, quickstart, rollout, train, view

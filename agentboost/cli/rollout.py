@@ -135,8 +135,6 @@ def select_environment(
         )
     contract.check_positive(limit=args.limit)
     preset = PRESETS[args.example] if args.example else None
-    if not args.env:
-        contract.check_example(args.example)
     env = args.env or preset.env
     system_prompt = args.system_prompt
     if system_prompt is None and args.agent is None and preset is not None:
@@ -148,6 +146,8 @@ def select_environment(
         rows = make_tasks(args.limit or default_limit, seed=0, split=split)
     else:
         raise BadInput(f"--data is required for {'--env ' + args.env if args.env else '--example ' + args.example}")
+    if not args.env:
+        contract.check_example(args.example)
     agent_factory = args.agent or (preset.agent_factory if preset is not None and system_prompt is None else None)
     agent = AgentSpec(env=env, env_args=dict(args.env_arg), agent_factory=agent_factory, system_prompt=system_prompt)
     return agent, rows

@@ -34,9 +34,12 @@ verl's function unchanged.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..train.grpo import group_advantages
+
+logger = logging.getLogger(__name__)
 
 ADV_ESTIMATOR = "agentboost_grpo"
 
@@ -116,6 +119,7 @@ def _split_key(key: str) -> tuple[str, str, int]:
 
 
 _MULTI_MARK = "_agentboost_sessions"
+_announced = False
 
 
 def install_multi_trajectory(trainer_base: Any = None) -> bool:
@@ -140,6 +144,10 @@ def install_multi_trajectory(trainer_base: Any = None) -> bool:
                                                  *args: Any, **kwargs: Any) -> Any:  # fmt: skip
         if str(getattr(adv_estimator, "value", adv_estimator)) != ADV_ESTIMATOR:
             return original(data, batch_keys, adv_estimator, *args, **kwargs)
+        global _announced
+        if not _announced:
+            _announced = True
+            logger.warning("agentboost_grpo: one advantage per episode (session) over %d rows", len(batch_keys))
         advantages = session_advantages(
             data.batch["token_level_rewards"], data.batch["response_mask"], list(batch_keys),
             config=kwargs.get("config"),

@@ -34,16 +34,20 @@ The masking rule (:class:`~agentboost.types.Termination`) through verl's own mec
   group's mean and std (a survivor "beats" failures it did not cause) and gives a row alone in its group
   its raw reward.
 
-Strands metrics (what verl 0.9.1 lets an agent loop report): ``extra_fields["reward_extra_info"]``
-holds fixed numeric per-episode keys (``strands_masked``, ``strands_termination_<reason>``, model and
-tool calls, tool errors, parse errors, latency...): verl logs them in validation as
-``val-aux/<data_source>/<key>/*`` and writes them to ``validation_data_dir``; ``extra_fields["strands"]`` keeps
-the episode id, termination and its detail with the row; ``AgentLoopOutput.metrics`` carries model,
-tool and reward seconds (the legacy trainer logs them as ``agent_loop/*``). verl 0.9.1's training-step
-logger reads no per-row extra field, so training steps only show verl's own metrics
-(``critic/score/*``, ``training/num_turns/*``, response lengths); each worker also logs a Strands
-summary line (INFO, every 30 s). verl does not tell an agent loop whether it is validating, so
-``env.validation`` stays False on this route.
+Strands metrics: ``extra_fields["reward_extra_info"]`` holds fixed numeric per-episode keys
+(``strands_masked``, ``strands_termination_<reason>``, model and tool calls, tool errors, parse errors,
+episode, model and tool seconds...). verl's V1 ``_validate`` logs them as ``val-aux/<data_source>/<key>/*``
+(and writes them to ``validation_data_dir``); at training steps agentboost's replay buffer
+(:mod:`.verl_sampler`, wired by the launch scripts) reports them as ``strands/*``, the rLLM route's keys.
+``extra_fields["strands"]`` keeps the episode id, termination and its detail with the row;
+``AgentLoopOutput.metrics`` carries model, tool and reward seconds (the legacy trainer logs them as
+``agent_loop/*``). verl does not tell an agent loop whether it is validating, so ``env.validation``
+stays False on this route.
+
+Synchronous tools run on their own bounded threads, their timeout counting from the moment they start
+(:mod:`agentboost.tool_executor`, installed on the worker's event loop with the first episode); the time
+an episode waits on verl's servers (queueing, generation, the weight updates of the async modes) is off
+its wall clock (:class:`~agentboost.backends.verl_llm_client.VerlLLMClientBackend`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ from ..chat.template import ChatTemplate
 from ..environments.strands_env import PROMPT_KEYS, StrandsEnv
 from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
+from ..tool_executor import DEFAULT_MAX_HUNG, DEFAULT_TOOL_THREADS
+from ..tool_executor import install as install_tool_executor
 from ..types import Budget, SamplingParams, Termination
 from ..utils.refs import resolve
 from . import verl_advantage
@@ -130,6 +136,11 @@ class StrandsLoopOptions:
     masked_terminations: tuple[str, ...] | None = None
     tool_parser: str | None = None
     request_timeout_s: float = 1800.0
+    """Cap on one call to verl's servers (those waits are off the episode's wall clock)."""
+    tool_threads: int = DEFAULT_TOOL_THREADS
+    """Threads for synchronous tools per agent-loop worker (:mod:`agentboost.tool_executor`)."""
+    max_hung_tools: int = DEFAULT_MAX_HUNG
+    """Timed-out synchronous tool calls a worker keeps running before new tool calls fail (infra_error)."""
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> StrandsLoopOptions:
@@ -234,6 +245,30 @@ def strands_row_metrics(episode: Episode) -> dict[str, float]:
     return out
 
 
+def server_context(config: Any) -> int | None:
+    """The rollout servers' context window as verl's servers set it: ``rollout.max_model_len``, else the
+    model's ``max_position_embeddings`` (``vLLMHttpServer._validate_configs``; SGLang alike). None when
+    neither can be read (the budget then relies on the prompt and response lengths alone)."""
+    rollout = cfg_get(config, "actor_rollout_ref.rollout")
+    configured = cfg_get(rollout, "max_model_len")
+    if configured:
+        return int(configured)
+    path = cfg_get(config, "actor_rollout_ref.model.path", None)
+    if not path:
+        return None
+    try:
+        from transformers import AutoConfig
+
+        hf = AutoConfig.from_pretrained(str(path), trust_remote_code=bool(
+            cfg_get(config, "actor_rollout_ref.model.trust_remote_code", False)))  # fmt: skip
+    except Exception as exc:  # hub id not cached here, unknown architecture...
+        logger.warning("cannot read the model config at %s (%s): budget from the rollout lengths only", path, exc)
+        return None
+    text = getattr(hf, "text_config", None) or hf
+    value = getattr(text, "max_position_embeddings", None) or getattr(hf, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
 class _Summary:
     """Counts of this process's episodes, logged every :data:`SUMMARY_EVERY_S` seconds."""
 
@@ -283,9 +318,9 @@ class StrandsRowRunner:
         self.response_length = int(cfg_get(rollout, "response_length"))
         self.full_determinism = bool(cfg_get(rollout, "full_determinism", False))
         total = self.prompt_length + self.response_length
-        max_model_len = cfg_get(rollout, "max_model_len")
-        if max_model_len:
-            total = min(total, int(max_model_len))
+        self.max_model_len = server_context(config)
+        if self.max_model_len:
+            total = min(total, self.max_model_len)
         turns = options.max_turns or cfg_get(rollout, "multi_turn.max_assistant_turns") or 16
         self.budget = Budget(
             max_turns=int(turns),
@@ -317,9 +352,15 @@ class StrandsRowRunner:
         return self._settings[sampling]
 
     def episode_id(self, row: dict[str, Any]) -> str:
-        if self.full_determinism:  # verl passes request ids straight to vLLM then; same rule as ToolAgentLoop
-            return f"det-{int(_plain(row.get('priority')) or 0)}"
-        return uuid.uuid4().hex
+        if not self.full_determinism:
+            return uuid.uuid4().hex
+        # verl passes request ids straight to vLLM then (and its load balancer is sticky by them): the same
+        # id on every run, but one per episode. ToolAgentLoop's det-<priority> is det-0 for every row of the
+        # V1 trainer (no priority column): every episode on one replica.
+        if row.get("priority") is not None:
+            return f"det-{int(_plain(row['priority']))}"
+        parts = [_plain(row.get(k)) for k in ("global_steps", "index", "session_id")]
+        return "det-" + "-".join("x" if p is None else str(p) for p in parts)
 
     async def run(
         self, sampling_params: dict[str, Any], row: dict[str, Any], server_manager: Any
@@ -331,8 +372,12 @@ class StrandsRowRunner:
         uid = _plain(row.get("uid"))
         group_id = str(uid) if uid is not None else None
         sampling, passthrough = sampling_from_verl(sampling_params)
+        install_tool_executor(max_tool_threads=self.options.tool_threads, max_hung=self.options.max_hung_tools)
         backend = VerlLLMClientBackend(
-            server_manager, passthrough=passthrough, request_timeout_s=self.options.request_timeout_s
+            server_manager,
+            passthrough=passthrough,
+            request_timeout_s=self.options.request_timeout_s,
+            max_model_len=self.max_model_len,
         )
         try:
             task, system = row_task(row)
@@ -388,7 +433,7 @@ class StrandsRowRunner:
         fallback = _plain(row.get("global_steps"))
         steps = backend.global_steps or ([int(fallback)] if isinstance(fallback, int | float) else [])
         timings = episode.timings
-        metrics = strands_row_metrics(episode)
+        metrics = {**strands_row_metrics(episode), "strands_rows": float(len(tokens))}
         outputs = []
         for prompt, response, mask, lps, trajectory, agent in tokens:
             extra: dict[str, Any] = {

@@ -162,10 +162,21 @@ SPECS: dict[str, TokenizerSpec] = {
 }
 
 
+ASSETS_ENV = "AGENTBOOST_OFFLINE_ASSETS"
+"""Folders (``os.pathsep``-separated) laid out like site-packages where a package's data files are looked up
+when the package itself is not installed: e.g. ``pip install --no-deps --target DIR trl`` gives the chat
+templates to an environment that must not import trl (verl 0.9's, see README "verl-native route")."""
+
+
 def package_resource(package: str, resource: str) -> Path:
-    """Locate a data file inside an installed package without importing the package."""
+    """Locate a data file inside an installed package without importing the package (or, when it is not
+    installed, inside the folders of ``$AGENTBOOST_OFFLINE_ASSETS``)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
+        for folder in filter(None, os.environ.get(ASSETS_ENV, "").split(os.pathsep)):
+            path = Path(folder) / package / resource
+            if path.is_file():
+                return path
         raise MissingOfflineAsset(
             f"package {package!r} is not installed; it carries {resource!r}. "
             f"Install it with: pip install {package.replace('_', '-')}"

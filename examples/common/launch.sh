@@ -10,7 +10,8 @@
 #
 # Shared knobs (both routes):
 #   MODEL (Qwen/Qwen3-4B-Instruct-2507)  GPUS per node (8)  NNODES (1)  PYTHON (python3)
-#   TRAIN_BATCH_SIZE  VAL_BATCH_SIZE (rLLM only)  MINI_BATCH_SIZE (= TRAIN_BATCH_SIZE)  ROLLOUT_N (8)  VAL_N (4)
+#   TRAIN_BATCH_SIZE  VAL_BATCH_SIZE (prompts per validation batch)  MINI_BATCH_SIZE (= TRAIN_BATCH_SIZE)
+#   ROLLOUT_N (8)  VAL_N (4)
 #   MAX_PROMPT_LENGTH  MAX_RESPONSE_LENGTH (the whole episode after the first prompt, tool tokens included)
 #   LR (1e-6)  KL_COEF (0.0: no KL loss; anything else turns the k3 KL loss on, KL_TYPE low_var_kl)
 #   CLIP_LOW (0.2)  CLIP_HIGH (0.28)  ENTROPY_COEFF (0)  MAX_TOKEN_LEN_PER_GPU (24000)
@@ -22,15 +23,27 @@
 # rLLM route only: LOGPROB_GAP_ALARM (1.0)
 # verl route only:
 #   DATA_DIR (data/strands_<x>/verl: what `prepare_<x>_data.py --verl-out` writes)
-#   AGENT_LOOP_CONFIG (the shipped agentboost/integration/verl_agent_loop.yaml)  AGENT_WORKERS (8)
+#   AGENT_WORKERS (8)  AGENT_LOOP_CONFIG (empty: the loop is registered by the external_lib plugin wherever
+#          agentboost is importable; a YAML path adds per-entry options, e.g. the shipped
+#          agentboost/integration/verl_agent_loop.yaml)
+#   ROLLOUT (vllm | sglang: verl's SGLang server; install verl[sglang] instead of verl[vllm])
+#   LORA_RANK (0: full fine-tuning; > 0 trains LoRA adapters and serves them to the rollout)  LORA_ALPHA (32)
+#   LORA_TARGET_MODULES (all-linear, or a list like [q_proj,v_proj])
+#   CHECKPOINT_DIR (verl's checkpoints/<project>/<experiment>)  RESUME (auto: the latest checkpoint in
+#          CHECKPOINT_DIR if any; disable; or a global_step_N directory to resume from)
+#   FORWARD_ENV (names of more variables to set on every Ray worker, e.g. "OPENAI_API_KEY"; their values are
+#          printed with verl's config: for secrets prefer exporting them on every node before `ray start`)
+#   Multi-node (NNODES > 1 or ROLLOUT_NODES > 1): DATA_DIR, MODEL (if a path), CHECKPOINT_DIR and AGENT_LOOP_CONFIG
+#          must be the same path on every node (shared storage), and endpoints every episode calls
+#          (AGENTBOOST_RETRIEVAL_URL, AGENTBOOST_TAU2_USER_URL) must not name this machine's loopback.
 #   ASYNC: 0 (default) verl's V1 sync trainer; 1 = colocate_async (same GPUs; rollout of the next batch
 #          overlaps training, in-flight generations are paused at the weight update and resumed on the new
 #          weights: partial rollouts, handled by verl's client below the agent loop; ASYNC_WARMUP_BATCHES 1);
 #          separate = separate_async (a pool of ROLLOUT_NODES (1) x ROLLOUT_GPUS GPUs serves rollouts only,
 #          besides the trainer's NNODES x GPUS, e.g. GPUS=4 ROLLOUT_GPUS=4 on one 8-GPU node; weights go
 #          over NCCL after every TRAIN_BATCH_SIZE / MINI_BATCH_SIZE updates).
-#   In both async modes an episode also waits through weight updates: raise EPISODE_TIMEOUT_S by a step's
-#   training time, or the waits end as infra_error (masked).
+#   An episode's waits on verl's servers (their queue, generation, the weight updates of both async modes) do
+#   not count against EPISODE_TIMEOUT_S; +strands.request_timeout_s (1800) bounds each server call.
 
 AB_COMMON_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 AB_REPO=$(cd "$AB_COMMON_DIR/../.." && pwd)
@@ -112,7 +125,7 @@ ab_shared_overrides() {
         algorithm.norm_adv_by_std_in_grpo=true
         "data.train_batch_size=$TRAIN_BATCH_SIZE"
     )
-    [[ ${AB_ROUTE:-} == rllm ]] && AB_OVERRIDES+=("data.val_batch_size=$VAL_BATCH_SIZE")
+    AB_OVERRIDES+=("data.val_batch_size=$VAL_BATCH_SIZE")
     AB_OVERRIDES+=(
         "data.max_prompt_length=$MAX_PROMPT_LENGTH"
         "data.max_response_length=$MAX_RESPONSE_LENGTH"
@@ -133,7 +146,7 @@ ab_shared_overrides() {
         "actor_rollout_ref.actor.entropy_coeff=$ENTROPY_COEFF"
         actor_rollout_ref.actor.fsdp_config.param_offload=false
         actor_rollout_ref.model.enable_gradient_checkpointing=true
-        actor_rollout_ref.rollout.name=vllm
+        "actor_rollout_ref.rollout.name=${AB_ROLLOUT:-vllm}"
         actor_rollout_ref.rollout.mode=async
         "actor_rollout_ref.rollout.tensor_model_parallel_size=$TP"
         "actor_rollout_ref.rollout.gpu_memory_utilization=$GPU_MEMORY_UTILIZATION"
@@ -143,8 +156,10 @@ ab_shared_overrides() {
         "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
         "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
         "actor_rollout_ref.rollout.val_kwargs.top_p=$VAL_TOP_P"
-        actor_rollout_ref.rollout.val_kwargs.do_sample=true
     )
+    # rLLM's trainer (veRL 0.6.1/0.7.1's ray_trainer) reads it; verl 0.9.1's V1 trainer never does
+    [[ ${AB_ROUTE:-} == rllm ]] && AB_OVERRIDES+=(actor_rollout_ref.rollout.val_kwargs.do_sample=true)
+    return 0
 }
 
 ab_trainer_overrides() {
@@ -224,8 +239,24 @@ ab_hydra_info() {
 ab_forward_env() {
     local name
     for name in "$@"; do
+        [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || ab_die "cannot forward $name: not a variable name"
         if [[ -n ${!name:-} ]]; then
-            AB_OVERRIDES+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name=$(ab_hydra "${!name}")")
+            [[ ${!name} == *"'"* || ${!name} == *'\'* ]] && ab_die "cannot forward $name: its value holds a quote or a backslash"
+            # always quoted: Ray takes strings only, and Hydra would read 1 or true as a number or a boolean
+            AB_OVERRIDES+=("++ray_kwargs.ray_init.runtime_env.env_vars.$name='${!name}'")
+        fi
+    done
+}
+
+# ab_check_endpoints NAME...: on a multi-node run, refuse endpoint URLs that name the launching machine's loopback
+# (an agent-loop worker on another node would call itself and every episode would end infra_error).
+ab_check_endpoints() {
+    local name value
+    for name in "$@"; do
+        value=${!name:-}
+        if [[ $value =~ ^[a-z]+://(127\.[0-9.]+|localhost|\[::1\]|0\.0\.0\.0)([:/]|$) ]]; then
+            ab_die "$name=$value: with NNODES=$NNODES / ROLLOUT_NODES=$ROLLOUT_NODES the agent-loop workers run on" \
+                "other nodes too and cannot reach this machine's loopback; serve it on an address every node reaches"
         fi
     done
 }
@@ -238,21 +269,37 @@ ab_run_verl() {
     AB_ROUTE=verl
     : "${EXPERIMENT_NAME:=$AB_EXAMPLE-strands-verl}"
     : "${DATA_DIR:=data/strands_$AB_EXAMPLE/verl}"
-    : "${AGENT_LOOP_CONFIG:=$AB_REPO/agentboost/integration/verl_agent_loop.yaml}"
+    : "${AGENT_LOOP_CONFIG:=}"
     : "${AGENT_WORKERS:=8}"
+    : "${ROLLOUT:=vllm}"
+    : "${LORA_RANK:=0}"
+    : "${LORA_ALPHA:=32}"
+    : "${LORA_TARGET_MODULES:=all-linear}"
+    : "${CHECKPOINT_DIR:=}"
+    : "${RESUME:=auto}"
+    : "${FORWARD_ENV:=}"
     : "${ASYNC:=0}"
     : "${ASYNC_WARMUP_BATCHES:=1}"
     : "${ROLLOUT_NODES:=1}"
     : "${ROLLOUT_GPUS:=0}"
     [[ $DATA_DIR == /* ]] || DATA_DIR="$PWD/$DATA_DIR" # Ray actors need not run in this directory
-    [[ $AGENT_LOOP_CONFIG == /* ]] || AGENT_LOOP_CONFIG="$PWD/$AGENT_LOOP_CONFIG"
+    [[ -z $AGENT_LOOP_CONFIG || $AGENT_LOOP_CONFIG == /* ]] || AGENT_LOOP_CONFIG="$PWD/$AGENT_LOOP_CONFIG"
+    [[ -z $CHECKPOINT_DIR || $CHECKPOINT_DIR == /* ]] || CHECKPOINT_DIR="$PWD/$CHECKPOINT_DIR"
     if [[ $DRY_RUN != 1 ]] && ! ab_hydra_info "$@"; then
         local f
         for f in "$DATA_DIR/train.parquet" "$DATA_DIR/test.parquet"; do
             [[ -f $f ]] || ab_die "$f is missing: run" \
                 "python examples/$AB_EXAMPLE/prepare_${AB_EXAMPLE}_data.py --verl-out first (or set DATA_DIR)"
         done
-        [[ -f $AGENT_LOOP_CONFIG ]] || ab_die "agent-loop config $AGENT_LOOP_CONFIG is missing"
+        [[ -z $AGENT_LOOP_CONFIG || -f $AGENT_LOOP_CONFIG ]] || ab_die "agent-loop config $AGENT_LOOP_CONFIG is missing"
+    fi
+    case $ROLLOUT in
+        vllm | sglang) AB_ROLLOUT=$ROLLOUT ;;
+        *) ab_die "ROLLOUT=$ROLLOUT: use vllm or sglang" ;;
+    esac
+    [[ $LORA_RANK =~ ^[0-9]+$ ]] || ab_die "LORA_RANK=$LORA_RANK: use 0 (off) or a positive rank"
+    if ((NNODES > 1 || ROLLOUT_NODES > 1)); then
+        ab_check_endpoints AGENTBOOST_RETRIEVAL_URL AGENTBOOST_TAU2_USER_URL
     fi
     local mode
     AB_HYBRID_ENGINE=true
@@ -276,10 +323,12 @@ ab_run_verl() {
         algorithm.use_kl_in_reward=false
         "data.train_files=$(ab_hydra "$DATA_DIR/train.parquet")"
         "data.val_files=$(ab_hydra "$DATA_DIR/test.parquet")"
-        data.return_raw_chat=true
         actor_rollout_ref.model.external_lib=agentboost.integration.verl_plugin
         actor_rollout_ref.rollout.calculate_log_probs=true
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path=$(ab_hydra "$AGENT_LOOP_CONFIG")"
+    )
+    [[ -n $AGENT_LOOP_CONFIG ]] &&
+        AB_OVERRIDES+=("actor_rollout_ref.rollout.agent.agent_loop_config_path=$(ab_hydra "$AGENT_LOOP_CONFIG")")
+    AB_OVERRIDES+=(
         actor_rollout_ref.rollout.agent.default_agent_loop=strands_agent
         "actor_rollout_ref.rollout.agent.num_workers=$AGENT_WORKERS"
         "+strands.env_class=$STRANDS_ENV_CLASS"
@@ -288,8 +337,32 @@ ab_run_verl() {
         "+strands.budget.tool_timeout_s=$TOOL_TIMEOUT_S"
         "${AB_STRANDS_OPTIONS[@]}"
     )
+    if ((LORA_RANK > 0)); then
+        # verl's FSDP LoRA (peft); the rollout gets the adapters (vLLM/SGLang LoRA) after a first full sync
+        AB_OVERRIDES+=(
+            "actor_rollout_ref.model.lora_rank=$LORA_RANK"
+            "actor_rollout_ref.model.lora_alpha=$LORA_ALPHA"
+            "actor_rollout_ref.model.target_modules=$(ab_hydra "$LORA_TARGET_MODULES")"
+            actor_rollout_ref.rollout.load_format=safetensors
+            actor_rollout_ref.rollout.layered_summon=true
+        )
+    fi
     ab_trainer_overrides
     AB_OVERRIDES+=(trainer.use_v1=true "trainer.v1.trainer_mode=$mode")
+    # Strands metrics (strands/*) at every training step: agentboost's replay buffer reports them
+    AB_OVERRIDES+=(
+        trainer.v1.sampler.custom_sampler.path=pkg://agentboost.integration.verl_sampler
+        trainer.v1.sampler.custom_sampler.name=StrandsReplayBuffer
+    )
+    [[ -n $CHECKPOINT_DIR ]] && AB_OVERRIDES+=("trainer.default_local_dir=$(ab_hydra "$CHECKPOINT_DIR")")
+    case $RESUME in
+        auto | disable) AB_OVERRIDES+=("trainer.resume_mode=$RESUME") ;;
+        *)
+            [[ $RESUME == /* ]] || RESUME="$PWD/$RESUME"
+            [[ $(basename "$RESUME") == global_step_* ]] || ab_die "RESUME=$RESUME: use auto, disable or a global_step_N directory"
+            AB_OVERRIDES+=(trainer.resume_mode=resume_path "trainer.resume_from_path=$(ab_hydra "$RESUME")")
+            ;;
+    esac
     case $mode in
         colocate_async) AB_OVERRIDES+=("trainer.v1.colocate_async.num_warmup_batches=$ASYNC_WARMUP_BATCHES") ;;
         separate_async)
@@ -302,6 +375,8 @@ ab_run_verl() {
             )
             ;;
     esac
-    ab_forward_env WANDB_MODE "${AB_FORWARD_ENV[@]}"
+    local -a more=()
+    read -r -a more <<<"$FORWARD_ENV"
+    ab_forward_env WANDB_MODE "${AB_FORWARD_ENV[@]}" "${more[@]}"
     ab_exec "${AB_OVERRIDES[@]}" "$@"
 }

@@ -1,0 +1,311 @@
+"""Run verl 0.9's real ``python -m verl.trainer.main_ppo`` on CPUs with the project's own launch command.
+
+The run is exactly what a user gets from ``examples/<x>/train_<x>_verl.sh`` (resolved with ``DRY_RUN=1``:
+same program, environment and overrides, knobs given as environment variables), plus the overrides
+of :func:`agentboost.integration.verl_cpu.cpu_overrides` and the run's own sizes (a tiny model, a few
+steps), with ``VERL_USE_EXTERNAL_MODULES=agentboost.integration.verl_cpu`` in every verl process::
+
+    from agentboost.integration.verl_cpu_run import CpuRunSpec, prepare_assets, run_main_ppo
+
+    assets = prepare_assets(workdir)                       # tiny Qwen2 + arithmetic parquet, offline
+    run = run_main_ppo(CpuRunSpec(workdir=workdir / "run", assets=assets, steps=2))
+    run.returncode, run.steps[-1]["training/rollout_probs_diff_max"], run.checkpoints()
+
+A :class:`CpuRun` holds every metric dict verl's ``file`` logger wrote (one per ``logger.log`` call: the
+training steps, with the validation metrics of steps that validated), the log, and the paths.
+``python -m agentboost.integration.verl_cpu_run [--mode sync|colocate_async|separate_async]`` runs it from the
+command line (README "verl-native route"). Needs verl 0.9.1 (its own environment).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..types import RewardOutput
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+ARITHMETIC_ENV = "agentboost.environments.arithmetic:ArithmeticEnv"
+SMOKE_REWARD = "agentboost.integration.verl_cpu_run:parity_reward"
+EXTERNAL_MODULE = "agentboost.integration.verl_cpu"
+MODES = {"sync": "0", "colocate_async": "1", "separate_async": "separate"}
+FORWARDED = ("VERL_USE_EXTERNAL_MODULES", "VERL_ENGINE_DEVICE", "PYTHONPATH", "AGENTBOOST_OFFLINE_ASSETS",
+             "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "AGENTBOOST_CACHE")  # fmt: skip
+
+
+def parity_reward(task: dict[str, Any], episode: Any) -> RewardOutput:
+    """The smoke run's reward: 1 when the episode's model tokens add up to an even number. An untrained
+    tiny model never answers arithmetic right (exact-answer reward 0 everywhere: zero advantages, no
+    update); this one splits every GRPO group about evenly, so the update really moves the weights."""
+    tokens = [t for seg in episode.segments if seg.kind.value == "model" for t in seg.token_ids]
+    return RewardOutput(float(sum(tokens) % 2 == 0))
+
+
+@dataclass(frozen=True)
+class Assets:
+    model_dir: Path
+    data_dir: Path
+
+
+def prepare_assets(workdir: str | Path, *, train_rows: int = 8, val_rows: int = 4, seed: int = 0) -> Assets:
+    """A tiny random Qwen2 with the offline Qwen2.5 tokenizer and arithmetic tasks as verl parquet
+    (``train.parquet``/``test.parquet``); reused when already there."""
+    from ..data_prep import write_verl_dataset
+    from ..environments.arithmetic import SYSTEM_PROMPT, make_tasks
+    from ..offline.tiny_model import build_tiny_qwen2, save_model
+
+    work = Path(workdir)
+    model_dir, data_dir = work / "tiny-qwen2", work / "data"
+    if not (model_dir / "config.json").is_file():
+        model, tokenizer = build_tiny_qwen2("qwen2.5", seed=seed)
+        save_model(model, tokenizer, model_dir)
+    if not (data_dir / "test.parquet").is_file():
+        splits = {"train": make_tasks(train_rows, seed=seed), "test": make_tasks(val_rows, seed=seed, split="eval")}
+        write_verl_dataset(splits, data_dir, system_prompt=SYSTEM_PROMPT)
+    return Assets(model_dir, data_dir)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launch script's ``DRY_RUN=1`` output: environment, program and Hydra overrides."""
+
+    env: dict[str, str]
+    program: list[str]
+    overrides: list[str]
+
+
+def resolve_launch(script: str | Path, env: dict[str, str], *args: str) -> Launch:
+    """Run ``script`` with ``DRY_RUN=1`` and parse the command it prints."""
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp")}
+    environ = {**base, "PYTHON": sys.executable, **env, "DRY_RUN": "1"}
+    proc = subprocess.run(["bash", str(script), *args], check=False, env=environ, capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script} (DRY_RUN=1) failed: {proc.stderr.strip()}")
+    words = shlex.split(proc.stdout.replace("\\\n", " "))
+    i, environ = 0, {}
+    while "=" in words[i] and words[i].split("=", 1)[0].isupper():
+        key, value = words[i].split("=", 1)
+        environ[key] = value
+        i += 1
+    length = 3 if words[i + 1] == "-m" else 2
+    return Launch(environ, words[i : i + length], words[i + length :])
+
+
+@dataclass
+class CpuRunSpec:
+    """One CPU run of verl's trainer through a launch script.
+
+    ``knobs`` are the script's environment variables (override the defaults below); ``overrides`` are
+    appended Hydra overrides (they win); ``strands`` are ``+strands.<key>=<json>`` loop options (env
+    args, agent args, budget...).
+    """
+
+    workdir: Path
+    assets: Assets
+    steps: int = 2
+    mode: str = "sync"
+    example: str = "math"
+    env_class: str = ARITHMETIC_ENV
+    reward_fn: str | None = SMOKE_REWARD
+    strands: dict[str, Any] = field(default_factory=dict)
+    knobs: dict[str, str] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+    resume: bool = False
+    save_freq: int = 1
+    test_freq: int = 2
+    timeout_s: float = 1200.0
+
+
+@dataclass
+class CpuRun:
+    """What a run left: return code, metric dicts, log and paths."""
+
+    spec: CpuRunSpec
+    command: list[str]
+    returncode: int
+    records: list[dict[str, Any]]
+    log_path: Path
+    wall_s: float
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The training steps' metric dicts, in order (validation metrics included where they ran)."""
+        return [r["data"] for r in self.records if "training/global_step" in r["data"]]
+
+    @property
+    def validations(self) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r["data"].items() if k.startswith("val-")} for r in self.records
+                if any(k.startswith("val-") for k in r["data"])]  # fmt: skip
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.spec.workdir / "checkpoints"
+
+    def checkpoints(self) -> list[int]:
+        """Global steps with a saved actor checkpoint."""
+        found = []
+        for path in self.checkpoint_dir.glob("global_step_*/actor"):
+            found.append(int(path.parent.name.rsplit("_", 1)[1]))
+        return sorted(found)
+
+    def log_tail(self, chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+
+def _hydra(value: str) -> str:
+    return value if all(c.isalnum() or c in "_./:@%+-" for c in value) else "'" + value + "'"
+
+
+def build_command(spec: CpuRunSpec, metrics_path: Path) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) of the run: the launch script's command, the CPU layer, the run's sizes."""
+    from .verl_cpu import CHECKPOINT_ENGINE, cpu_overrides  # imports verl: only where a run is built
+
+    work = spec.workdir
+    knobs = {
+        "MODEL": str(spec.assets.model_dir),
+        "DATA_DIR": str(spec.assets.data_dir),
+        "STRANDS_ENV_CLASS": spec.env_class,
+        "GPUS": "1",
+        "TRAIN_BATCH_SIZE": "2",
+        "VAL_BATCH_SIZE": "2",
+        "ROLLOUT_N": "4",
+        "VAL_N": "1",
+        "MAX_PROMPT_LENGTH": "320",
+        "MAX_RESPONSE_LENGTH": "48",
+        "MAX_TOKEN_LEN_PER_GPU": "2048",
+        "MAX_TURNS": "2",
+        "EPISODE_TIMEOUT_S": "600",
+        "LR": "1e-3",
+        "AGENT_WORKERS": "1",
+        "LOGGER": "[console,file]",
+        "SAVE_FREQ": str(spec.save_freq),
+        "TEST_FREQ": str(spec.test_freq),
+        "TOTAL_EPOCHS": "100",
+        "ASYNC": MODES[spec.mode],
+        "EXPERIMENT_NAME": f"cpu-{spec.mode}",
+        "WANDB_MODE": "disabled",
+    }
+    if spec.mode == "separate_async":
+        knobs.update(ROLLOUT_GPUS="1", MINI_BATCH_SIZE="2")
+    knobs.update(spec.knobs)
+    launch = resolve_launch(ROOT / "examples" / spec.example / f"train_{spec.example}_verl.sh", knobs)
+    env = {**os.environ, **launch.env}
+    env.setdefault("VERL_USE_EXTERNAL_MODULES", EXTERNAL_MODULE)
+    env["VERL_ENGINE_DEVICE"] = "cuda"
+    env["VERL_FILE_LOGGER_PATH"] = str(metrics_path)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env.setdefault("RAY_AUTH_MODE", "disabled")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("RAY_DEDUP_LOGS", "0")
+    overrides = list(launch.overrides)
+    overrides += cpu_overrides(num_gpus=2 if spec.mode == "separate_async" else 1)
+    overrides += [
+        f"trainer.total_training_steps={spec.steps}",
+        f"trainer.default_local_dir={_hydra(str(work / 'checkpoints'))}",
+        f"trainer.resume_mode={'auto' if spec.resume else 'disable'}",
+        "trainer.val_before_train=false",
+        "trainer.log_val_generations=0",
+        f"trainer.validation_data_dir={_hydra(str(work / 'validation'))}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "data.dataloader_num_workers=0",
+        "++ray_kwargs.ray_init.include_dashboard=false",
+    ]
+    if spec.mode == "separate_async":
+        overrides += [
+            f"actor_rollout_ref.rollout.checkpoint_engine.backend={CHECKPOINT_ENGINE}",
+            f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={EXTERNAL_MODULE}",
+        ]
+    for name in FORWARDED:
+        if env.get(name):
+            # always quoted: Ray takes only strings, and Hydra would read 1 as an int
+            overrides.append(f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}='{env[name]}'")
+    if spec.reward_fn:
+        overrides.append(f"+strands.env_args.reward_fn={spec.reward_fn}")
+    for key, value in _flat(spec.strands):
+        overrides.append(f"+strands.{key}={_hydra(json.dumps(value) if not isinstance(value, str) else value)}")
+    overrides += spec.overrides
+    return [*launch.program, *overrides], env
+
+
+def _flat(options: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """``{"agent_args": {"agent_factory": "m:f"}}`` -> ``[("agent_args.agent_factory", "m:f")]``: Hydra takes a
+    nested option as dotted keys (a JSON object on the command line would stay a string)."""
+    out: list[tuple[str, Any]] = []
+    for key, value in options.items():
+        if isinstance(value, dict) and value:
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            records.append(json.loads(line))
+    return records
+
+
+def run_main_ppo(spec: CpuRunSpec) -> CpuRun:
+    """Run the trainer to completion (or ``spec.timeout_s``) and collect what it logged."""
+    spec.workdir.mkdir(parents=True, exist_ok=True)
+    attempt = len(list(spec.workdir.glob("metrics-*.jsonl")))
+    metrics_path = spec.workdir / f"metrics-{attempt}.jsonl"
+    log_path = spec.workdir / f"main_ppo-{attempt}.log"
+    argv, env = build_command(spec, metrics_path)
+    (spec.workdir / f"command-{attempt}.json").write_text(json.dumps(argv, indent=1))
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        try:
+            proc = subprocess.run(argv, check=False, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=spec.workdir,
+                                  timeout=spec.timeout_s)  # fmt: skip
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            returncode = -9
+    return CpuRun(spec, argv, returncode, read_records(metrics_path), log_path, time.monotonic() - started)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """A short CPU run of verl's own trainer through ``examples/math/train_math_verl.sh`` (2 GRPO steps)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m agentboost.integration.verl_cpu_run", description=main.__doc__)
+    parser.add_argument("--workdir", default="runs/verl-smoke")
+    parser.add_argument("--mode", choices=sorted(MODES), default="sync")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="more Hydra overrides (they win)")
+    args = parser.parse_args(argv)
+    work = Path(args.workdir).resolve()
+    assets = prepare_assets(work / "assets")
+    run = run_main_ppo(CpuRunSpec(workdir=work / args.mode, assets=assets, steps=args.steps, mode=args.mode,
+                                  overrides=list(args.overrides)))  # fmt: skip
+    summary = {
+        "returncode": run.returncode,
+        "wall_s": round(run.wall_s, 1),
+        "steps": len(run.steps),
+        "checkpoints": run.checkpoints(),
+        "rollout_probs_diff_max": [s.get("training/rollout_probs_diff_max") for s in run.steps],
+        "strands": {k: v for k, v in (run.steps[-1] if run.steps else {}).items() if k.startswith("strands/")},
+        "log": str(run.log_path),
+    }
+    sys.stdout.write(json.dumps(summary, indent=1, default=str) + "\n")
+    return 0 if run.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
