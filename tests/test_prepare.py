@@ -102,7 +102,8 @@ def test_the_generic_verl_launcher_takes_the_environment_data_and_agent_from_the
     assert values["+strands.agent_args.agent_factory"] == "tests.letter_env:make_agent"
     assert values["+strands.agent_args.system_prompt"] == "'You count letters.'"  # Hydra's quoting of one string
     assert values["+strands.env_args.max_word"] == "12"
-    assert values["++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH"] == f"{ROOT}/tests_dir:/abs/lib"
+    forwarded = values["++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH"].strip("'")  # Hydra-quoted string
+    assert forwarded == f"{ROOT}/tests_dir:/abs/lib"
     assert values["trainer.experiment_name"] == "custom-strands-verl"
     assert values["algorithm.adv_estimator"] == "agentboost_grpo"
 

@@ -196,7 +196,8 @@ def test_the_train_your_own_agent_gpu_commands_resolve(in_workdir, capsys) -> No
     assert f"data.train_files={data}/verl/train.parquet" in resolved and os.path.isfile(data / "verl" / "train.parquet")
     assert f"+strands.env_class={env['ENV_CLASS']}" in resolved
     assert f"actor_rollout_ref.model.path={env['MODEL']}" in resolved
-    assert f"env_vars.PYTHONPATH={in_workdir}/." in resolved  # the user's modules reach every Ray worker
+    words = [word.replace("'", "") for word in shlex.split(resolved)]  # the printed command, Hydra quotes removed
+    assert f"++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={in_workdir}/." in words  # your modules, on Ray
     # verl's model merger and vLLM need verl 0.9.1 and GPUs: checked against verl's source, not run here
     assert merge[2:5] == ["verl.model_merger", "merge", "--backend"] and _flag(merge, "--backend") == "fsdp"
     assert "/custom-strands-verl/global_step_" in _flag(merge, "--local_dir") and _flag(merge, "--local_dir").endswith(
