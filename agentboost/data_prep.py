@@ -9,11 +9,15 @@ datasets (``--cache-dir``; ``--limit`` streams only the rows needed) or, with ``
 raw files shipped next to the script, in the hub rows' format (math, DeepCoder), so the conversion
 code that runs offline is the one that runs on the real data. The RAG sample is the exception: its
 questions name supporting passages of the shipped corpus by id.
+
+``agentboost prepare`` does the same for any rows and any environment (:func:`prepare_dataset`): every row
+is checked to build its environment first (:func:`check_rows`), then both routes' files are written.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -197,3 +201,124 @@ def write_verl_dataset(
 def _same(a: Any, b: Any) -> bool:
     """Equal and of the same JSON types all the way down (``1 == 1.0`` but parquet changed the value)."""
     return json.dumps(a, sort_keys=True, default=repr) == json.dumps(b, sort_keys=True, default=repr)
+
+
+# -- any rows (``agentboost prepare``) ---------------------------------------------------------------
+def check_rows(rows: list[dict[str, Any]], env: Any, env_args: dict[str, Any] | None = None, *,
+               what: str = "row") -> None:  # fmt: skip
+    """Every row builds its environment as a rollout would: the class imports, ``from_dict`` takes the row
+    (with ``env_args``), ``reset()`` resolves its tools and ``initial_prompt()`` finds the user turn; task
+    ids are unique. ValueError naming the first row that does not, and why."""
+    from .data import task_id_of
+    from .utils.refs import resolve
+
+    try:
+        env_cls = resolve(env)
+    except (ImportError, ValueError) as exc:
+        raise ValueError(f"--env {env}: {exc}") from None
+    if not callable(getattr(env_cls, "from_dict", None)):
+        raise ValueError(f"--env {env}: {env_cls!r} is not an environment class (no from_dict)")
+    seen: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        task_id = task_id_of(row, index)
+        if task_id in seen:
+            raise ValueError(f"{what} rows {seen[task_id]} and {index} have the same task id {task_id!r}")
+        seen[task_id] = index
+        built = None
+        try:
+            built = env_cls.from_dict({**row, **(env_args or {})})
+            built.reset()
+            built.initial_prompt()
+        except Exception as exc:  # the row's own error, whatever it is: named, never a traceback
+            detail = f"{type(exc).__name__}: {exc}"
+            raise ValueError(
+                f"{what} row {index} ({task_id!r}) does not build its environment {env}: {detail[:500]}"
+            ) from None
+        finally:
+            if built is not None:
+                with contextlib.suppress(Exception):
+                    built.close()
+
+
+def check_disjoint(train: list[dict[str, Any]], held_out: list[dict[str, Any]]) -> None:
+    """ValueError when a task id (given in the rows: ``task_id``, ``uid``, ``id`` or ``index``) is both a
+    training and a held-out row: the evaluation would measure what was trained on."""
+    from .data import task_id_of
+
+    def explicit(rows: list[dict[str, Any]]) -> set[str]:
+        return {task_id_of(row, -1) for row in rows if task_id_of(row, -1) != "row--1"}
+
+    both = sorted(explicit(train) & explicit(held_out))
+    if both:
+        raise ValueError(f"task id {both[0]!r} is both a training and a held-out row ({len(both)} such ids)")
+
+
+def split_rows(
+    rows: list[dict[str, Any]], fraction: float, *, seed: int = 0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(train, held_out)``: a seeded ``fraction`` of the rows held out (at least one when there are two or
+    more and ``fraction > 0``; none otherwise), both in their original order."""
+    import random
+
+    if fraction <= 0 or len(rows) < 2:
+        return list(rows), []
+    held = min(len(rows) - 1, max(1, round(len(rows) * fraction)))
+    order = list(range(len(rows)))
+    random.Random(f"eval-split:{seed}").shuffle(order)
+    chosen = set(order[:held])
+    return [r for i, r in enumerate(rows) if i not in chosen], [r for i, r in enumerate(rows) if i in chosen]
+
+
+def prepare_dataset(
+    train: list[dict[str, Any]],
+    test: list[dict[str, Any]],
+    out_dir: str | Path,
+    *,
+    env: str,
+    env_args: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
+    name: str | None = None,
+    register: str = "auto",
+) -> dict[str, Path]:
+    """Any rows -> both GPU routes' datasets, after :func:`check_rows` on every row:
+
+    * ``<out>/{train,test}.jsonl``, registered with rLLM's ``DatasetRegistry`` as ``name`` when rLLM is
+      installed (the rLLM route; :func:`write_dataset`);
+    * ``<out>/verl/{train,test}.parquet`` (the verl route; :func:`write_verl_dataset`, read back and
+      refused if parquet would change a task);
+    * ``<out>/prepare.json``: the environment, its arguments and the counts (what the launch script needs).
+
+    Everything is written into a temporary directory first and moved into place at the end: a failure
+    leaves ``out_dir`` as it was."""
+    import shutil
+    import tempfile
+
+    if not train:
+        raise ValueError("no training rows")
+    check_rows(train, env, env_args, what="--data")
+    check_rows(test, env, env_args, what="held-out")
+    check_disjoint(train, test)
+    if not test:
+        raise ValueError("no held-out rows: give --eval-data or an --eval-fraction above 0 with two rows or more")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: a file, not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write_verl_dataset({"train": train, "test": test}, staging / "verl", system_prompt=system_prompt)
+        write_dataset(name or out.name, {"train": train, "test": test}, staging, register="no")
+        record = {"env_class": env, "env_args": dict(env_args or {}), "system_prompt": system_prompt,
+                  "rows": {"train": len(train), "test": len(test)}, "name": name or out.name}  # fmt: skip
+        (staging / "prepare.json").write_text(json.dumps(record, indent=2))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "verl").mkdir(exist_ok=True)
+        written = {}
+        for relative in ("verl/train.parquet", "verl/test.parquet", "train.jsonl", "test.jsonl", "prepare.json"):
+            (staging / relative).replace(out / relative)
+            written[relative] = out / relative
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if register != "no":
+        write_dataset(name or out.name, {"train": train, "test": test}, out, register=register)
+    return written

@@ -26,8 +26,12 @@ left some seeds with no rewarded sample and nothing for GRPO to learn from. What
 is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
 ``eval_every`` steps and after.
 
-Everything lands in ``--run-dir``: ``metrics.csv``/``metrics.jsonl``, W&B files (offline unless
-configured), ``curves.png``, ``summary.json``, ``checkpoint/`` (resumable) and ``final_model/``.
+The quickstart is a preset of ``agentboost train``: the same loop
+(:func:`agentboost.train.run.run_training`) with the arithmetic environment, the model built here and
+the demonstration warm start (:class:`DemonstrationWarmStart`). Everything lands in ``--run-dir``:
+``metrics.csv``/``metrics.jsonl``, W&B files (offline unless configured), ``curves.png``,
+``summary.json``, ``eval/`` (the evaluator's reports before and after GRPO), ``warm_start/`` and
+``checkpoint/`` (rerunning the same command resumes either, Ctrl-C included) and ``final_model/``.
 
 With ``--model PATH`` the same trainer runs a real Hugging Face model (optionally with LoRA) on one
 GPU; the warm start is skipped unless ``--sft-steps`` is given.
@@ -38,10 +42,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +53,11 @@ from .chat.template import ChatTemplate
 from .environments.arithmetic import SYSTEM_PROMPT, make_tasks
 from .episode import Episode
 from .rewards.answer import final_answer_text
-from .train.metrics import plot_curves
-from .train.sft import demonstration_episodes, sft
+from .train.progress import phase_bar
+from .train.run import RunPlan, format_run_summary, has_checkpoint, run_training, saved_config
+from .train.sft import SFTRun, demonstration_episodes
 from .train.trainer import GRPOTrainer, TrainConfig
+from .train.warm_start import SFTCheckpoint
 from .types import Budget, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -62,25 +67,38 @@ ENV = "agentboost.environments.arithmetic:ArithmeticEnv"
 
 @dataclass
 class QuickstartConfig:
+    """The quickstart's options (``agentboost quickstart --help`` shows every field's docstring)."""
+
     run_dir: str = "runs/quickstart"
+    """Where everything goes; rerunning with the same directory resumes the run."""
     seed: int = 0
-    model: str | None = None
-    """A local Hugging Face model directory; default: a small model built from a config."""
+    """Seed of the tasks, the built model, the warm start and GRPO."""
+    model: str | None = field(default=None, metadata={"default_text": "the built-in model"})
+    """A local Hugging Face model directory to train instead of the built-in model."""
     lora_rank: int = 0
-    device: str | None = None
+    """LoRA rank with --model (0: train every weight)."""
+    device: str | None = field(default=None, metadata={"default_text": "cuda when there is one, else cpu"})
+    """cpu, cuda or cuda:N."""
     hidden_size: int = 128
+    """Hidden size of the built-in model."""
     num_layers: int = 3
-    """Three layers: with two, the copying skills formed anywhere from ~500 to over 1500 warm-start
-    steps depending on the seed (a phase change); with three, within a few hundred on most seeds."""
+    """Layers of the built-in model. Three: with two, the copying skills formed anywhere from ~500 to
+    over 1500 warm-start steps depending on the seed (a phase change); with three, within a few hundred on
+    most seeds."""
     num_heads: int = 8
-    """Attention heads (half as many key/value heads). Eight heads of 16 dimensions: with four of 32 the
-    model often memorised the demonstrated expressions before it learned to copy them (low loss, no
-    copy on new expressions)."""
+    """Attention heads of the built-in model (half as many key/value heads). Eight heads of 16 dimensions:
+    with four of 32 the model often memorised the demonstrated expressions before it learned to copy them
+    (low loss, no copy on new expressions)."""
     vocab_size: int = 1024
+    """Size of the built-in model's BPE vocabulary, trained on the task's conversations."""
     train_tasks: int = 512
+    """Generated training tasks."""
     eval_tasks: int = 64
+    """Generated held-out tasks (expressions never trained on)."""
     max_ops: int = 1
+    """Operators per expression."""
     max_value: int = 9
+    """Largest operand."""
     spaced_expressions: bool = False
     """Write the tasks as "What is 7*8?" (default) or, spaced, "What is 7 * 8?". Qwen's pre-tokenizer
     splits every digit from the space before it, so a spaced expression puts the same space token in
@@ -88,19 +106,27 @@ class QuickstartConfig:
     ("what followed this token last time") then picks the wrong operand half the time, and sorting that
     out by position took it hundreds of extra warm-start steps on some seeds."""
     demos: int = 256
+    """Training tasks turned into demonstrations for the warm start."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
-    sft_steps: int | None = None
-    """Ceiling of the warm start; default: 1500 for the built-in model, 0 (no warm start) with --model."""
+    sft_steps: int | None = field(default=None, metadata={"default_text": "1500 (built-in model), 0 with --model"})
+    """Ceiling of the warm start (0: no warm start)."""
     warm_start_target: float | None = 0.8
-    """End the warm start once this share of sampled check episodes reproduce the demonstrations
-    (checked every ``warm_start_check_every`` steps; ``sft_steps`` is the ceiling)."""
+    """End the warm start once this share of sampled check episodes reproduce the demonstrations and the
+    rewarded style shows up in at least half its demonstrated share (checked every
+    warm_start_check_every steps; sft_steps is the ceiling; none: a fixed count)."""
     warm_start_low: float = 0.5
-    """Warn when fewer sampled check episodes than this reproduce the demonstrations."""
+    """Warn that GRPO may learn little when, at the end of the warm start, fewer sampled check episodes
+    than this reproduce the demonstrations (or the rewarded style is rarer than half its demonstrated
+    share of them)."""
     warm_start_check_every: int = 100
+    """Warm-start steps between checks (and between saves of the warm start)."""
     warm_start_check_tasks: int = 32
+    """Training tasks outside the demonstrations sampled at every check."""
     sft_lr: float = 3e-3
+    """Learning rate of the warm start."""
     sft_batch: int = 32
+    """Demonstrations per warm-start step."""
     sft_weight_decay: float = 1.0
     """AdamW's decoupled weight decay in the warm start: it pulls the model from memorising the
     demonstrated expressions towards copying them (the skill that carries to new expressions), as
@@ -109,13 +135,23 @@ class QuickstartConfig:
     """Learning rate after the warm-up: "constant" (the warm start ends at a check, not at a step
     count) or "cosine" (decays to 10% at the ceiling)."""
     grpo_steps: int = 40
+    """GRPO steps."""
     prompts_per_step: int = 8
+    """Tasks per GRPO step."""
     group_size: int = 8
+    """Episodes per task (one GRPO group)."""
     lr: float = 3e-4
+    """GRPO learning rate."""
     eval_every: int = 10
+    """GRPO steps between held-out evaluations (0: only before and after)."""
     kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to the policy as GRPO starts (0: none)."""
     temperature: float = 1.0
+    """Sampling temperature of the training rollouts and the warm-start checks."""
     wandb_project: str | None = "agentboost-quickstart"
+    """W&B project (offline unless WANDB_MODE=online or WANDB_API_KEY is set; none: no W&B)."""
+    tensorboard: bool = True
+    """Also write TensorBoard event files to <run-dir>/tensorboard (when the tensorboard package is installed)."""
 
     def __post_init__(self) -> None:  # refuse bad options before minutes of work, not at the warm start
         problems = []
@@ -214,14 +250,7 @@ def warm_start_check_rows(cfg: QuickstartConfig, demo_rows: list[dict[str, Any]]
     return [{**row, "task_id": f"warm-start-check-{cfg.seed}-{i}"} for i, row in enumerate(rows)]
 
 
-def warm_start(
-    cfg: QuickstartConfig,
-    trainer: GRPOTrainer,
-    train_rows: list[dict[str, Any]],
-    *,
-    steps: int,
-    progress: bool = True,
-) -> dict[str, Any]:
+class DemonstrationWarmStart:
     """Supervised warm start on the demonstrations, with a check of the skill it teaches.
 
     GRPO can only reinforce what the policy already does sometimes: a warm start that ended before
@@ -233,60 +262,121 @@ def warm_start(
     both the skills and the styles are there: ``target`` of the episodes reproduce the demonstrations
     and the rewarded style shows up in at least half its demonstrated share of them (a model learns the
     copying before it learns the 30% style: stopping on the skills alone left GRPO with no rewarded
-    sample). ``steps`` is then the ceiling. Returns what was measured (summary.json's
+    sample). ``steps`` is then the ceiling. A warning is given when the last check is below
+    ``warm_start_low`` (the policy GRPO gets is weak), not merely because the ceiling came first: seeds
+    that ended at the ceiling with 0.59-0.66 of the check reproduced still gained +0.72 to +0.95.
+
+    A warm start (of one of the :mod:`agentboost.train.warm_start` kinds) saves itself at every check
+    in its directory and resumes from there; :meth:`run` returns what was measured (summary.json's
     ``warm_start``)."""
-    demo_rows = train_rows[: cfg.demos]
-    demos, weights = warm_start_demos(demo_rows, trainer.template, trainer.agent, cfg.verbose_fraction)
-    check_rows = warm_start_check_rows(cfg, demo_rows)
-    by_id = {row["task_id"]: row for row in check_rows}
-    sampling = trainer.config.sampling
-    checks: list[dict[str, float]] = []
 
-    def check(step: int) -> bool:
-        episodes = trainer.rollout(check_rows, n=1, sampling=sampling, tag=f"warm-start-check-{step}")
-        reproduced = sum(reproduces_demonstration(by_id[e.task_id], e) for e in episodes) / len(episodes)
-        rewarded = sum(e.reward > 0 for e in episodes) / len(episodes)
-        checks.append({"step": step, "reproduced": reproduced, "rewarded": rewarded})
-        logger.info("warm start step %d: %.2f of sampled check episodes reproduce the demonstrations, "
-                    "%.2f earn reward", step, reproduced, rewarded)  # fmt: skip
-        return target is not None and passed(reproduced, rewarded, target)
+    def __init__(self, cfg: QuickstartConfig, train_rows: list[dict[str, Any]], *, steps: int) -> None:
+        self.cfg = cfg
+        self.train_rows = train_rows
+        self.steps = steps
 
-    def passed(reproduced: float, rewarded: float, share: float) -> bool:
-        return reproduced >= share and rewarded >= reward_floor(share)
+    def reward_floor(self, share: float) -> float:
+        return 0.5 * (1.0 - self.cfg.verbose_fraction) * share
 
-    def reward_floor(share: float) -> float:
-        return 0.5 * (1.0 - cfg.verbose_fraction) * share
+    def passed(self, reproduced: float, rewarded: float, share: float) -> bool:
+        return reproduced >= share and rewarded >= self.reward_floor(share)
 
-    target = cfg.warm_start_target
-    losses = sft(
-        trainer.model, demos, pad_token_id=trainer.pad_token_id, steps=steps, lr=cfg.sft_lr,
-        batch_size=cfg.sft_batch, seed=cfg.seed, weights=weights, progress=progress,
-        weight_decay=cfg.sft_weight_decay, schedule=cfg.sft_schedule,
-        until=check if target is not None else None, check_every=cfg.warm_start_check_every,
-    )  # fmt: skip
-    if not checks or checks[-1]["step"] != len(losses):
-        check(len(losses))
-    last = checks[-1]
-    share = target if target is not None else cfg.warm_start_low
-    reached = passed(last["reproduced"], last["rewarded"], share)
-    if not reached:
-        logger.warning(
-            "after %d warm-start steps %.2f of sampled check episodes reproduce the demonstrations and %.2f "
-            "earn reward (%s %.2f and %.2f): GRPO starts from a weak policy and may learn little; train "
-            "longer (--sft-steps, --warm-start-target)", len(losses), last["reproduced"], last["rewarded"],
-            "target" if target is not None else "warning below", share, reward_floor(share),
+    def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool = True) -> dict[str, Any]:
+        cfg = self.cfg
+        started = time.monotonic()
+        demo_rows = self.train_rows[: cfg.demos]
+        demos, weights = warm_start_demos(demo_rows, trainer.template, trainer.agent, cfg.verbose_fraction)
+        check_rows = warm_start_check_rows(cfg, demo_rows)
+        by_id = {row["task_id"]: row for row in check_rows}
+        sampling = trainer.config.sampling
+        target = cfg.warm_start_target
+        sft_run = SFTRun(
+            trainer.model, demos, pad_token_id=trainer.pad_token_id, steps=self.steps, lr=cfg.sft_lr,
+            batch_size=cfg.sft_batch, seed=cfg.seed, weights=weights, weight_decay=cfg.sft_weight_decay,
+            schedule=cfg.sft_schedule,
         )  # fmt: skip
-    return {
-        "steps": len(losses),
-        "ceiling": steps,
-        "target": target,
-        "reward_floor": reward_floor(share),
-        "check": checks[-1]["reproduced"],
-        "rewarded": checks[-1]["rewarded"],
-        "reached": reached,
-        "checks": checks,
-        "final_loss": losses[-1] if losses else None,
-    }
+        store = SFTCheckpoint(directory, trainer.model, sft_run) if directory is not None else None
+        resumed = store.load() if store is not None else None
+        record = dict((resumed or {}).get("record", {}))
+        if resumed and resumed["done"]:
+            return record
+        checks: list[dict[str, float]] = list(record.get("checks", []))
+        earlier = float(record.get("seconds", 0.0))
+        bar = phase_bar("warm start", self.steps, unit="steps", progress=progress, initial=sft_run.step,
+                        upper_bound=target is not None)  # fmt: skip
+
+        def check(step: int) -> bool:
+            bar.set_postfix_str(f"checking {len(check_rows)} sampled episodes")
+            episodes = trainer.rollout(check_rows, n=1, sampling=sampling, tag=f"warm-start-check-{step}")
+            reproduced = sum(reproduces_demonstration(by_id[e.task_id], e) for e in episodes) / len(episodes)
+            rewarded = sum(e.reward > 0 for e in episodes) / len(episodes)
+            checks.append({"step": step, "reproduced": reproduced, "rewarded": rewarded})
+            logger.info("warm start step %d: %.2f of sampled check episodes reproduce the demonstrations, "
+                        "%.2f earn reward", step, reproduced, rewarded)  # fmt: skip
+            goal = f" (target {target:.2f})" if target is not None else ""
+            bar.set_postfix_str(f"step {step}: {reproduced:.2f} reproduce the demonstrations{goal}")
+            return target is not None and self.passed(reproduced, rewarded, target)
+
+        def progress_record() -> dict[str, Any]:
+            return {"checks": checks, "seconds": earlier + time.monotonic() - started}
+
+        def save(_step: int, _stop: bool) -> None:
+            if store is not None:
+                store.save(progress_record(), done=False)
+
+        try:
+            losses = sft_run.run(
+                until=check if target is not None else None, check_every=cfg.warm_start_check_every,
+                after_check=save, on_step=lambda _step, _loss: bar.update(1),
+            )  # fmt: skip
+            if not checks or checks[-1]["step"] != len(losses):
+                check(len(losses))
+        finally:
+            bar.close()
+        last = checks[-1]
+        reached = target is not None and self.passed(last["reproduced"], last["rewarded"], target)
+        weak = not self.passed(last["reproduced"], last["rewarded"], cfg.warm_start_low)
+        if weak:
+            logger.warning(
+                "after %d warm-start steps %.2f of sampled check episodes reproduce the demonstrations and %.2f "
+                "earn reward (below %.2f and %.2f; target %s): GRPO starts from a weak policy and may learn "
+                "little; train longer (--sft-steps, --warm-start-target) or try another --seed",
+                len(losses), last["reproduced"], last["rewarded"], cfg.warm_start_low,
+                self.reward_floor(cfg.warm_start_low), "none" if target is None else f"{target:.2f}",
+            )  # fmt: skip
+        elif target is not None and not reached:
+            logger.info("the warm start reached its ceiling (%d steps) before its target %.2f; the policy passes "
+                        "the %.2f that GRPO needs", len(losses), target, cfg.warm_start_low)  # fmt: skip
+        share = target if target is not None else cfg.warm_start_low
+        result = {
+            "steps": len(losses),
+            "ceiling": self.steps,
+            "target": target,
+            "reward_floor": self.reward_floor(share),
+            "check": last["reproduced"],
+            "rewarded": last["rewarded"],
+            "reached": reached if target is not None else not weak,
+            "weak": weak,
+            "checks": checks,
+            "final_loss": losses[-1] if losses else None,
+            **{k: v for k, v in progress_record().items() if k != "checks"},
+        }
+        if store is not None:
+            store.save(result, done=True)
+        return result
+
+
+def warm_start(
+    cfg: QuickstartConfig,
+    trainer: GRPOTrainer,
+    train_rows: list[dict[str, Any]],
+    *,
+    steps: int,
+    progress: bool = True,
+    directory: Path | None = None,
+) -> dict[str, Any]:
+    """:class:`DemonstrationWarmStart` of ``steps`` at most (resumable from ``directory`` when given)."""
+    return DemonstrationWarmStart(cfg, train_rows, steps=steps).run(trainer, directory, progress=progress)
 
 
 def domain_corpus(rows: list[dict[str, Any]]) -> list[str]:
@@ -313,9 +403,12 @@ def domain_corpus(rows: list[dict[str, Any]]) -> list[str]:
     return corpus
 
 
-def _build_model(cfg: QuickstartConfig, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
-    import torch
+def build_quickstart_model(cfg: QuickstartConfig, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """The model and tokenizer the quickstart trains: the built-in model (a tokenizer trained on the
+    conversations of ``rows``, a small Qwen2 from a config) or the local directory ``cfg.model``."""
+    from .train.models import load_model, lora_settings, resolve_device, resolve_dtype
 
+    device = resolve_device(cfg.device)
     if cfg.model is None:
         from transformers import AutoTokenizer
 
@@ -329,22 +422,54 @@ def _build_model(cfg: QuickstartConfig, rows: list[dict[str, Any]]) -> tuple[Any
             num_layers=cfg.num_layers, num_heads=cfg.num_heads, num_kv_heads=max(1, cfg.num_heads // 2),
             seed=cfg.seed,
         )  # fmt: skip
+        model.to(device)
+        return model, tokenizer
+    return load_model(cfg.model, lora=lora_settings(cfg.lora_rank), device=device, dtype=resolve_dtype("auto", device))
+
+
+_build_model = build_quickstart_model  # the name before it was public
+
+
+def quickstart_tasks(cfg: QuickstartConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The generated training and held-out tasks."""
+    tasks = {"seed": cfg.seed, "max_ops": cfg.max_ops, "max_value": cfg.max_value, "spaced": cfg.spaced_expressions}
+    return make_tasks(cfg.train_tasks, split="train", **tasks), make_tasks(cfg.eval_tasks, split="eval", **tasks)
+
+
+def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
+    """The quickstart as a run of the one training loop (:func:`agentboost.train.run.run_training`)."""
+    from .train.models import lora_settings, model_record, resolve_device, resolve_dtype
+
+    train_rows, eval_rows = quickstart_tasks(cfg)
+    budget = Budget(max_turns=4, max_total_tokens=1024, wall_clock_s=600)
+    train_config = TrainConfig(
+        run_dir=cfg.run_dir, steps=cfg.grpo_steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+        lr=cfg.lr, kl_coef=cfg.kl_coef, eval_every=cfg.eval_every, save_every=10, seed=cfg.seed,
+        sampling=SamplingParams(temperature=cfg.temperature, max_tokens_per_call=48, seed=None),
+        eval_sampling=SamplingParams(temperature=0.0, max_tokens_per_call=48), budget=budget,
+        wandb_project=cfg.wandb_project, tensorboard=cfg.tensorboard,
+    )  # fmt: skip
+    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 1500)
+    device = resolve_device(cfg.device)
+    if cfg.model is None:
+        record = model_record(None, lora=None, dtype="float32")
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model, local_files_only=True)
-        dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, local_files_only=True, dtype=dtype)
-        if cfg.lora_rank:
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(
-                r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules="all-linear", task_type="CAUSAL_LM"
-            )
-            model = get_peft_model(model, lora)
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model.to(device)
-    return model, tokenizer
+        record = model_record(cfg.model, lora=lora_settings(cfg.lora_rank), dtype=resolve_dtype("auto", device))
+    return RunPlan(
+        run_dir=Path(cfg.run_dir),
+        title="Quickstart: GRPO on arithmetic with a calculator tool",
+        config=asdict(cfg),
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        env=ENV,
+        agent=StrandsAgent(system_prompt=SYSTEM_PROMPT),
+        build_model=lambda: build_quickstart_model(cfg, train_rows),
+        model_record=record,
+        train_config=train_config,
+        warm_start=DemonstrationWarmStart(cfg, train_rows, steps=sft_steps) if sft_steps else None,
+        check_resumable=lambda run_dir: check_resumable(cfg, run_dir),
+        seed=cfg.seed,
+    )
 
 
 _DEFINES_THE_RUN = (
@@ -365,13 +490,13 @@ def _same_setting(name: str, saved: Any, now: Any) -> bool:
 
 
 def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
-    """Refuse to resume a checkpoint made with other model, tokenizer or task options: its weights would
-    not load (another shape) or, worse, load onto a tokenizer whose ids mean other tokens."""
-    if not (run_dir / "checkpoint" / "trainer_state.json").is_file():
+    """Refuse to resume a checkpoint (GRPO's or the warm start's) made with other model, tokenizer or task
+    options: its weights would not load (another shape) or, worse, load onto a tokenizer whose ids mean
+    other tokens."""
+    if not has_checkpoint(run_dir):
         return
-    summary = run_dir / "summary.json"
-    saved = json.loads(summary.read_text()).get("config") if summary.is_file() else None
-    if not isinstance(saved, dict):
+    saved = saved_config(run_dir)
+    if saved is None:
         logger.warning("%s has a checkpoint but no recorded settings (summary.json): resuming it unchecked", run_dir)
         return
     now = asdict(cfg)
@@ -392,123 +517,22 @@ def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
 
 
 def run_quickstart(cfg: QuickstartConfig, *, progress: bool = True) -> dict[str, Any]:
-    import torch
-
-    started = time.monotonic()
-    run_dir = Path(cfg.run_dir)
-    check_resumable(cfg, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    tasks = {"seed": cfg.seed, "max_ops": cfg.max_ops, "max_value": cfg.max_value, "spaced": cfg.spaced_expressions}
-    train_rows = make_tasks(cfg.train_tasks, split="train", **tasks)
-    eval_rows = make_tasks(cfg.eval_tasks, split="eval", **tasks)
-    model, tokenizer = _build_model(cfg, train_rows)
-    template = ChatTemplate(tokenizer)
-    agent = StrandsAgent(system_prompt=SYSTEM_PROMPT)
-    budget = Budget(max_turns=4, max_total_tokens=1024, wall_clock_s=600)
-    train_config = TrainConfig(
-        run_dir=str(run_dir), steps=cfg.grpo_steps, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-        lr=cfg.lr, kl_coef=cfg.kl_coef, eval_every=cfg.eval_every, save_every=10, seed=cfg.seed,
-        sampling=SamplingParams(temperature=cfg.temperature, max_tokens_per_call=48, seed=None),
-        eval_sampling=SamplingParams(temperature=0.0, max_tokens_per_call=48), budget=budget,
-        wandb_project=cfg.wandb_project,
-    )  # fmt: skip
-    trainer = GRPOTrainer(model, template, train_rows, eval_rows=eval_rows, env=ENV, agent=agent, config=train_config)
-    summary_path = run_dir / "summary.json"
-    previous = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    resumed = trainer.load_checkpoint()
-
-    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 1500)
-    warm: dict[str, Any] = dict(previous.get("warm_start", {}))
-    timings: dict[str, float] = dict(previous.get("timings", {}))
-    if resumed:
-        before = previous.get("before", {})
-        logger.info("resuming GRPO at step %d (warm start already done)", trainer.step)
-    else:
-        t = time.monotonic()
-        if sft_steps:
-            warm = warm_start(cfg, trainer, train_rows, steps=sft_steps, progress=progress)
-        timings["sft_s"] = time.monotonic() - t
-        t = time.monotonic()
-        before = trainer.evaluate(tag="before")
-        timings["eval_before_s"] = time.monotonic() - t
-        summary_path.write_text(
-            json.dumps({"before": before, "warm_start": warm, "timings": timings, "config": asdict(cfg)}, indent=2)
-        )
-
-    t = time.monotonic()
-    history = trainer.fit(resume=False, progress=progress)
-    timings["grpo_s"] = timings.get("grpo_s", 0.0) + time.monotonic() - t
-    t = time.monotonic()
-    last = history[-1] if history else {}
-    if "eval/success_rate" in last and last.get("step") == trainer.step:
-        after = {k: v for k, v in last.items() if k.startswith("eval/")}  # evaluated at the last step already
-    else:
-        after = trainer.evaluate(tag="after")
-    timings["eval_after_s"] = time.monotonic() - t
-    timings["total_s"] = (
-        time.monotonic() - started + (previous.get("timings", {}).get("total_s", 0.0) if resumed else 0)
-    )
-
-    final = run_dir / "final_model"
-    model.save_pretrained(str(final))
-    tokenizer.save_pretrained(str(final))
-    points = {}
-    if before:
-        points["held-out success before GRPO"] = (0, before.get("eval/success_rate", 0.0))
-    points["held-out success after GRPO"] = (len(history), after.get("eval/success_rate", 0.0))
-    plot = plot_curves(history, run_dir / "curves.png", title="Quickstart: GRPO on arithmetic with a calculator tool",
-                       extra_points=points)  # fmt: skip
-    summary = {
-        "config": asdict(cfg),
-        "before": before,
-        "after": after,
-        "improvement": after.get("eval/success_rate", 0.0) - before.get("eval/success_rate", 0.0),
-        "warm_start": warm,
-        "timings": timings,
-        "plot": str(plot),
-        "metrics_csv": str(run_dir / "metrics.csv"),
-        "final_model": str(final),
-    }
-    summary_path.write_text(json.dumps(summary, indent=2))
-    return summary
+    """Run (or resume) the quickstart; returns its summary (also in ``<run_dir>/summary.json``)."""
+    return run_training(quickstart_plan(cfg), progress=progress)
 
 
 def _warm_start_line(warm: dict[str, Any]) -> str:
     if not warm:
         return "warm start: none"
+    ceiling = " (its ceiling)" if warm.get("target") is not None and not warm.get("reached") else ""
     return (
-        f"warm start: {warm['steps']} steps; sampled check: {warm['check']:.2f} reproduce the demonstrations, "
-        f"{warm['rewarded']:.2f} earn reward"
+        f"warm start: {warm['steps']} steps{ceiling}; sampled check: {warm['check']:.2f} reproduce the "
+        f"demonstrations, {warm['rewarded']:.2f} earn reward"
     )
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    before, after = summary["before"], summary["after"]
-
-    def row(name: str, key: str) -> str:
-        return f"| {name} | {before.get(key, float('nan')):.3f} | {after.get(key, float('nan')):.3f} |"
-
-    t = summary["timings"]
-    return "\n".join(
-        [
-            "## Quickstart results (held-out tasks, greedy decoding)",
-            "",
-            "| metric | after warm start | after GRPO |",
-            "|---|---|---|",
-            row("success rate", "eval/success_rate"),
-            row("reward mean", "eval/reward_mean"),
-            row("tool-call rate", "eval/tool_call_rate"),
-            row("parse errors / episode", "eval/parse_errors_per_episode"),
-            "",
-            f"improvement in success rate: {summary['improvement']:+.3f}",
-            _warm_start_line(summary.get("warm_start") or {}),
-            f"time: warm start {t.get('sft_s', 0):.0f} s, GRPO {t.get('grpo_s', 0):.0f} s, "
-            f"total {t.get('total_s', 0):.0f} s",
-            f"curves: {summary['plot']}",
-            f"metrics: {summary['metrics_csv']}",
-            f"trained model: {summary['final_model']}",
-        ]
-    )
+    return format_run_summary(
+        summary, title="Quickstart results (held-out tasks, greedy decoding)", before_label="after warm start",
+        warm_line=_warm_start_line(summary.get("warm_start") or {}),
+    )  # fmt: skip

@@ -1,10 +1,10 @@
 """README command 1 over many seeds: does the quickstart learn whatever the seed?
 
-Runs ``agentboost quickstart --seed S`` for every seed (default 0-9), each in its own process and run
-directory with default settings, and reports per seed the held-out greedy success
-after the warm start and after GRPO, the improvement, the warm start's own check (tool use learned)
-and the wall time; plus the distribution (min / median / max). Goal: every improvement >= +0.4, every
-run <= 10 min on 2 cores.
+Runs ``agentboost quickstart --seed S`` (``agentboost train``'s loop with the quickstart's preset) for
+every seed (default 0-9), each in its own process and run directory with default settings, and reports
+per seed the held-out greedy success after the warm start and after GRPO, the improvement, the warm
+start's own check (tool use learned) and the wall time; plus the distribution (min / median / max).
+Goal: every improvement >= +0.4, every run <= 10 min on 2 cores.
 
     python benchmarks/quickstart_seeds.py                      # seeds 0-9 one after the other
     python benchmarks/quickstart_seeds.py --parallel 2         # two at a time, one thread each
@@ -62,6 +62,7 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
         "improvement": summary["improvement"],
         "warm_start_check": summary.get("warm_start", {}).get("check"),
         "warm_start_steps": summary.get("warm_start", {}).get("steps"),
+        "warm_start_weak": summary.get("warm_start", {}).get("weak"),  # below --warm-start-low: the run warned
         "seconds": summary["timings"].get("total_s"),
         "timings": summary["timings"],
     }

@@ -178,7 +178,8 @@ def strands_options(values: dict[str, str]) -> dict[str, Any]:
 # -- the scripts ------------------------------------------------------------------------------------
 def test_every_launch_script_parses() -> None:
     scripts = sorted((ROOT / "examples").rglob("*.sh"))
-    assert len(scripts) == 1 + 3 * len(EXAMPLES)  # the base, and per example defaults + two routes
+    # the base, per example defaults + two routes, and examples/custom (defaults + the generic verl launcher)
+    assert len(scripts) == 1 + 3 * len(EXAMPLES) + 2
     for path in scripts:
         proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
         assert proc.returncode == 0, (path, proc.stderr)

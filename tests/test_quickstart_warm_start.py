@@ -268,3 +268,135 @@ def test_resuming_with_a_model_named_another_way_is_not_refused(tmp_path, monkey
 def test_impossible_settings_are_refused_up_front(changes, message) -> None:
     with pytest.raises(ValueError, match=message):
         QuickstartConfig(**changes)
+
+
+def _scripted_checks(monkeypatch, trainer, *, reproduced_every: int, of: int, rewarded_every: int) -> None:
+    """Checks whose outcome is set here: episode i reproduces the demonstrations when i % of < reproduced_every
+    and earns reward when i % rewarded_every == 0 (the model itself is too small to do either)."""
+    import agentboost.quickstart as quickstart
+    from agentboost.episode import Episode
+    from agentboost.types import Termination
+
+    def rollout(rows, *, n, sampling, tag, on_episode=None):
+        episodes = []
+        for i, row in enumerate(rows):
+            episode = Episode(id=f"{tag}:{i}", task_id=row["task_id"], termination=Termination.COMPLETED)
+            episode.reward = 1.0 if i % rewarded_every == 0 else 0.0
+            episode.metadata["reproduces"] = i % of < reproduced_every
+            episodes.append(episode)
+        return episodes
+
+    monkeypatch.setattr(trainer, "rollout", rollout)
+    monkeypatch.setattr(quickstart, "reproduces_demonstration", lambda row, episode: episode.metadata["reproduces"])
+
+
+def test_a_warm_start_that_ends_at_its_ceiling_with_a_usable_policy_does_not_warn(tiny, tmp_path, caplog, monkeypatch):
+    """Issue 23 item 7: seed 0's default run ended its warm start at the ceiling with 0.62 of the check
+    reproducing the demonstrations (target 0.8) and was told GRPO "may learn little"; it gained +0.83.
+    Below the target but above warm_start_low (0.5) is said, not warned."""
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    _scripted_checks(monkeypatch, trainer, reproduced_every=5, of=8, rewarded_every=4)  # 0.625 and 0.25
+    at_ceiling = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                     "sft_batch": 4})  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="agentboost.quickstart"):
+        report = warm_start(at_ceiling, trainer, rows, steps=4, progress=False)
+    assert report["steps"] == 4 and report["check"] == 0.625 and report["rewarded"] == 0.25
+    assert not report["reached"] and report["target"] == 0.8
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert "reached its ceiling" in caplog.text
+    assert "(its ceiling)" in format_summary(
+        {
+            "before": {},
+            "after": {},
+            "improvement": 0.0,
+            "warm_start": report,
+            "timings": {},
+            "plot": "p",
+            "metrics_csv": "m",
+            "final_model": "f",
+        }
+    )
+
+
+def test_a_weak_policy_at_the_end_of_the_warm_start_is_warned_about(tiny, tmp_path, caplog, monkeypatch) -> None:
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    _scripted_checks(monkeypatch, trainer, reproduced_every=3, of=8, rewarded_every=4)  # 0.375 < 0.5
+    weak = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                               "sft_batch": 4})  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="agentboost.quickstart"):
+        report = warm_start(weak, trainer, rows, steps=4, progress=False)
+    assert report["weak"] and "may learn little" in caplog.text and "below 0.50" in caplog.text
+
+
+def test_an_interrupted_warm_start_resumes_from_its_last_save(tiny, tmp_path, monkeypatch) -> None:
+    """Issue 23 item 7: Ctrl-C during the warm start lost it all. It saves at every check now (weights,
+    optimizer, batch sampler, checks) and a rerun continues where it was: same losses, checks and
+    weights as a run that was never interrupted. A finished warm start is not run again."""
+    import copy
+
+    from agentboost.train.sft import SFTRun
+
+    cfg, rows, model, _ = tiny
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_target": 1.01, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    initial = copy.deepcopy(model.state_dict())
+    whole = warm_start(run_cfg, _trainer(tiny, tmp_path / "a"), rows, steps=6, progress=False,
+                       directory=tmp_path / "a" / "warm_start")  # fmt: skip
+    trained = copy.deepcopy(model.state_dict())
+
+    model.load_state_dict(initial)
+    real_step = SFTRun.train_step
+    interrupted = []
+
+    def step_then_ctrl_c(self):
+        if self.step == 5 and not interrupted:
+            interrupted.append(self.step)
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(SFTRun, "train_step", step_then_ctrl_c)
+    directory = tmp_path / "b" / "warm_start"
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(run_cfg, _trainer(tiny, tmp_path / "b"), rows, steps=6, progress=False, directory=directory)
+    assert json.loads((directory / "state.json").read_text())["step"] == 4  # the last check before Ctrl-C
+    with torch.no_grad():  # a new process would rebuild the model from its seed: the save must win anyway
+        for p in model.parameters():
+            p.add_(0.5)
+    resumed = warm_start(run_cfg, _trainer(tiny, tmp_path / "b"), rows, steps=6, progress=False, directory=directory)
+    assert resumed["checks"] == whole["checks"] and [c["step"] for c in resumed["checks"]] == [2, 4, 6]
+    assert resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-5)
+    for name, value in model.state_dict().items():
+        assert torch.allclose(value, trained[name], atol=1e-6), name
+    monkeypatch.setattr(SFTRun, "train_step", lambda self: pytest.fail("a finished warm start ran again"))
+    again = warm_start(run_cfg, _trainer(tiny, tmp_path / "b"), rows, steps=6, progress=False, directory=directory)
+    assert again == resumed
+
+
+def test_ctrl_c_during_the_quickstart_says_how_to_resume_and_the_rerun_resumes(tmp_path, capsys, monkeypatch):
+    from agentboost.cli.main import main
+    from agentboost.train.sft import SFTRun
+
+    run_dir = tmp_path / "qs"
+    argv = ["quickstart", "--run-dir", str(run_dir), "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2",
+            "--train-tasks", "32", "--eval-tasks", "4", "--demos", "16", "--sft-steps", "4", "--sft-batch", "4",
+            "--warm-start-check-every", "2", "--warm-start-check-tasks", "4", "--grpo-steps", "1",
+            "--prompts-per-step", "2", "--group-size", "2", "--eval-every", "0", "--no-wandb"]  # fmt: skip
+    real_step = SFTRun.train_step
+    steps_run = []
+
+    def step(self):
+        if self.step == 3 and not steps_run:
+            steps_run.append("interrupted")
+            raise KeyboardInterrupt
+        steps_run.append(self.step) if steps_run else None
+        return real_step(self)
+
+    monkeypatch.setattr(SFTRun, "train_step", step)
+    assert main(argv) == 130
+    assert f"run the same command again to resume {run_dir}" in capsys.readouterr().err
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    assert steps_run == ["interrupted", 2, 3]  # resumed at the save of step 2: steps 3 and 4 only
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["warm_start"]["steps"] == 4 and "after" in summary

@@ -1,14 +1,23 @@
-"""README's "From a snippet to a run" works as written: every block marked ``<!-- readme-snippet: NAME -->``
-is extracted and run against the instant scripted policy (``agentboost.testing.instant``), no model.
+"""README's "From a snippet to a run" and "Train your own agent" work as written: every block marked
+``<!-- readme-snippet: NAME -->`` is extracted and run.
 
-Files are written under their names; the ``commands`` block is run line by line through the CLI (a
-command aimed at an HTTP server gets the instant policy and ``--workers 0`` instead, everything else
-as written); the pool snippet runs as a script, since its workers are spawned processes.
+Files are written under their names; the ``commands`` block is run line by line through the CLI against
+the instant scripted policy (``agentboost.testing.instant``, no model; a command aimed at an HTTP server
+gets the instant policy and ``--workers 0`` instead, everything else as written); the pool snippet runs as
+a script, since its workers are spawned processes.
+
+"Train your own agent" (``train-cpu``, ``train-gpu``): every command that can run on a CPU runs as
+written, with three stand-ins: the model download writes a tiny model directory where the command puts
+the model, the frontier model (``--strands-model openai:...``) is a fake OpenAI-compatible chat server
+that uses the calculator, and a command aimed at the vLLM server evaluates the exported directory in
+process (``--backend hf:<export>``). ``vllm serve`` and verl's model merger need GPUs and verl (skipped,
+said so); the verl launch script runs with ``DRY_RUN=1``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import shlex
@@ -22,7 +31,9 @@ from agentboost.cli.main import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MARKER = re.compile(r"<!-- readme-snippet: (?P<name>[\w.\-]+) -->\n```[\w-]*\n(?P<body>.*?)\n```", re.DOTALL)
-NAMES = {"mytools.py", "tasks.jsonl", "commands", "run_episode.py", "pool_run.py"}
+NAMES = {"mytools.py", "tasks.jsonl", "commands", "run_episode.py", "pool_run.py", "train-cpu", "train-gpu"}
+COMMAND_BLOCKS = {"commands", "train-cpu", "train-gpu"}
+ROOT = Path(__file__).resolve().parents[1]
 INSTANT = ["--backend", "py:agentboost.testing.instant:instant_backend", "--tokenizer", "offline:qwen2.5"]
 
 
@@ -41,7 +52,7 @@ def workdir(tmp_path_factory) -> Path:
     assert set(found) == NAMES, f"README snippets: {sorted(found)}"
     directory = tmp_path_factory.mktemp("readme")
     for name, body in found.items():
-        if name != "commands":
+        if name not in COMMAND_BLOCKS:
             (directory / name).write_text(body, encoding="utf-8")
     return directory
 
@@ -56,6 +67,16 @@ def in_workdir(workdir, monkeypatch) -> Path:
 def commands(text: str) -> list[list[str]]:
     joined = re.sub(r"\\\n\s*", " ", text)
     return [shlex.split(line) for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def split_env(line: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``NAME=value ... command args``: the variables and the command."""
+    env = {}
+    while line and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", line[0]):
+        key, _, value = line[0].partition("=")
+        env[key] = value
+        line = line[1:]
+    return env, line
 
 
 def test_rows_are_json_and_name_tools_and_reward_by_reference(workdir) -> None:
@@ -102,3 +123,84 @@ def test_the_pool_snippet(workdir) -> None:
     stats, result = done.stdout.strip().splitlines()[-2:]
     assert "'completed': 8" in stats and "'failures': {}" in stats
     assert result == "1.0 {'completed'}"
+
+
+# -- "Train your own agent" --------------------------------------------------------------------------
+def calculator_teacher(body: dict) -> object:
+    """The frontier model's stand-in: asks the calculator for the question's expression, answers its result."""
+    from agentboost.testing.fake_openai_chat import ChatReply, last_user_text, tool_results
+
+    results = tool_results(body)
+    if not results:
+        expression = re.search(r"What is (.*)\?", last_user_text(body)).group(1)
+        return ChatReply(content="", tool_calls=[{"name": "calculator", "arguments": {"expression": expression}}])
+    return ChatReply(content=results[-1])
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.slow
+def test_the_train_your_own_agent_commands_run_on_a_cpu(in_workdir, capsys) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from agentboost.testing.fake_openai_chat import FakeOpenAIChatServer
+
+    from .tiny_model_dir import save_tiny_model
+
+    lines = commands(snippets()["train-cpu"])
+    programs = [split_env(line)[1][:2] for line in lines]
+    assert programs == [["huggingface-cli", "download"], ["agentboost", "rollout"], ["agentboost", "train"],
+                        ["agentboost", "export"], ["vllm", "serve"], ["agentboost", "eval"]]  # fmt: skip
+    download, rollout, train, export, serve, evaluate = (split_env(line)[1] for line in lines)
+    model_dir = in_workdir / _flag(download, "--local-dir")
+    save_tiny_model(model_dir)  # stands in for the download (no network)
+    assert _flag(train, "--model") == _flag(download, "--local-dir")
+    with FakeOpenAIChatServer(calculator_teacher, model="frontier") as server:
+        argv = rollout[1:]
+        assert _flag(argv, "--strands-model").startswith("openai:")
+        argv[argv.index("--strands-model") + 1] = f"openai:frontier@{server.base_url}"  # the frontier model's stand-in
+        assert main(argv) == 0, capsys.readouterr().err[-3000:]
+    assert main(train[1:]) == 0, capsys.readouterr().err[-3000:]
+    run_dir = in_workdir / _flag(train, "--run-dir")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["warm_start"]["sources"]["distilled"] == 4  # the training row's four teacher episodes
+    assert (run_dir / "eval" / "after" / "report.md").is_file() and (run_dir / "final_model").is_dir()
+    assert main(export[1:]) == 0, capsys.readouterr().err[-3000:]
+    exported = in_workdir / export[-1]
+    assert (exported / "config.json").is_file() and (exported / "agentboost_export.json").is_file()
+    assert serve[2] == export[-1]  # vllm serve: GPU only; the next command evaluates the export in process instead
+    argv = evaluate[1:]
+    assert _flag(argv, "--backend").startswith("http") and _flag(argv, "--tokenizer") == export[-1]
+    argv[argv.index("--backend") + 1] = f"hf:{_flag(argv, '--tokenizer')}"
+    assert main([*argv, "--workers", "0", "--no-plots", "--max-tokens-per-call", "64"]) == 0, capsys.readouterr().err
+    report = json.loads((in_workdir / _flag(argv, "--out") / "report.json").read_text())
+    assert report["tasks"] == 2 and report["infra_errors"] == 0
+
+
+def test_the_train_your_own_agent_gpu_commands_resolve(in_workdir, capsys) -> None:
+    lines = [split_env(line) for line in commands(snippets()["train-gpu"])]
+    assert [line[:2] for _, line in lines] == [["agentboost", "prepare"], ["bash", "examples/custom/train_verl.sh"],
+                                               ["python", "-m"], ["vllm", "serve"], ["agentboost", "eval"]]  # fmt: skip
+    (_, prepare), (env, launch), (_, merge), (_, serve), (_, evaluate) = lines
+    assert main(prepare[1:]) == 0, capsys.readouterr().err
+    data = in_workdir / _flag(prepare, "--out")
+    assert (data / "verl" / "train.parquet").is_file() and (data / "verl" / "test.parquet").is_file()
+    script = ROOT / launch[1]  # the command is run from a checkout; here the repository's script
+    base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", str(script), *launch[2:]], env={**base, **env, "DRY_RUN": "1"}, cwd=in_workdir,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    resolved = done.stdout.replace("\\\n", " ")
+    assert f"data.train_files={data}/verl/train.parquet" in resolved and os.path.isfile(data / "verl" / "train.parquet")
+    assert f"+strands.env_class={env['ENV_CLASS']}" in resolved
+    assert f"actor_rollout_ref.model.path={env['MODEL']}" in resolved
+    words = [word.replace("'", "") for word in shlex.split(resolved)]  # the printed command, Hydra quotes removed
+    assert f"++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={in_workdir}/." in words  # your modules, on Ray
+    # verl's model merger and vLLM need verl 0.9.1 and GPUs: checked against verl's source, not run here
+    assert merge[2:5] == ["verl.model_merger", "merge", "--backend"] and _flag(merge, "--backend") == "fsdp"
+    assert "/custom-strands-verl/global_step_" in _flag(merge, "--local_dir") and _flag(merge, "--local_dir").endswith(
+        "/actor"
+    )
+    assert serve[2] == _flag(merge, "--target_dir") == _flag(evaluate, "--tokenizer")

@@ -16,7 +16,7 @@ import sys
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from .. import __version__
-from . import contract, quickstart, rollout, view
+from . import contract, export, prepare, quickstart, rollout, train, view
 from . import eval as eval_cmd
 
 
@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     quickstart.add_parser(sub)
     eval_cmd.add_parser(sub)
     view.add_parser(sub)
+    train.add_parser(sub)
+    export.add_parser(sub)
+    prepare.add_parser(sub)
     args = parser.parse_args(argv)
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):

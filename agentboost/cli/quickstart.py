@@ -1,78 +1,57 @@
 """``agentboost quickstart``: train a Strands agent end to end on this machine (see
-:mod:`agentboost.quickstart`)."""
+:mod:`agentboost.quickstart`): ``agentboost train``'s loop with the arithmetic task, a model built here
+and a demonstration warm start."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..quickstart import QuickstartConfig, check_resumable, format_summary, run_quickstart
+from ..quickstart import QuickstartConfig, check_resumable, quickstart_plan
+from ..train.configfile import add_config_arguments, resolve_options, to_yaml
 from . import contract
 from .contract import BadInput
-
-
-def _kind(field: dataclasses.Field[Any]) -> Callable[[str], Any]:
-    """The argparse type of a config field, from its annotation (``int | None`` parses as int, and
-    ``none`` as None)."""
-    annotation = str(field.type).replace(" ", "").split("|")
-    if annotation == ["bool"]:
-        return _boolean
-    kind: Callable[[str], Any] = str
-    for name, numeric in (("int", int), ("float", float)):
-        if name in annotation:
-            kind = numeric
-            break
-    if "None" not in annotation or kind is str:
-        return kind
-
-    def optional(value: str) -> Any:
-        return None if value.strip().lower() == "none" else kind(value)
-
-    optional.__name__ = getattr(kind, "__name__", "value")
-    return optional
-
-
-def _boolean(value: str) -> bool:
-    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
-    try:
-        return words[value.strip().lower()]
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}") from None
+from .train import execute
 
 
 def add_parser(sub: Any) -> None:
+    from .. import quickstart as module
+
     parser = sub.add_parser(
         "quickstart",
         help="train a Strands agent with a calculator tool (warm start + GRPO) and plot its curves",
-        description=(__import__("agentboost.quickstart", fromlist=["x"]).__doc__ or ""),
+        description=module.__doc__ or "",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    defaults = QuickstartConfig()
-    for field in dataclasses.fields(QuickstartConfig):
-        flag = "--" + field.name.replace("_", "-")
-        default = getattr(defaults, field.name)
-        kind = _kind(field)
-        parser.add_argument(flag, type=kind, default=default, help=f"(default: {default})")
+    add_config_arguments(parser, QuickstartConfig)
     parser.add_argument("--no-wandb", action="store_true", help="do not log to W&B")
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(QuickstartConfig)}
-    if args.no_wandb:
+def config_from_args(args: argparse.Namespace) -> QuickstartConfig:
+    """The options: defaults, then ``--config``, then the flags given (ValueError when they cannot be)."""
+    values = resolve_options(args, QuickstartConfig)
+    if getattr(args, "no_wandb", False):
         values["wandb_project"] = None
+    return QuickstartConfig(**values)
+
+
+def run(args: argparse.Namespace) -> int:
     try:  # bad settings are the user's to fix: a one-line error, not a traceback
-        cfg = QuickstartConfig(**values)
+        cfg = config_from_args(args)
+        if args.print_config:
+            sys.stdout.write(to_yaml(cfg))
+            return 0
     except ValueError as exc:
         raise BadInput(str(exc)) from exc
     preflight(cfg)
-    summary = run_quickstart(cfg)
-    sys.stdout.write(format_summary(summary) + "\n")
-    return 0
+    try:
+        plan = quickstart_plan(cfg)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from exc
+    return execute(plan, command="quickstart")
 
 
 def preflight(cfg: QuickstartConfig) -> None:

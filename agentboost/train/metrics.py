@@ -1,7 +1,8 @@
 """Metrics out of the trainer: ``metrics.jsonl`` + ``metrics.csv`` in the run directory, W&B (offline
-unless configured), and a PNG of the curves. Eval steps also keep their episodes
-(``episodes/eval_step<N>.jsonl``, readable with ``agentboost view``) and log a W&B table of sample
-trajectories (``eval/trajectories``)."""
+unless configured; its own console output silenced, so the progress bars stay readable), TensorBoard
+event files (``<run_dir>/tensorboard``, when asked and installed), and a PNG of the curves. Eval steps
+also keep their episodes (``episodes/eval_step<N>.jsonl``, readable with ``agentboost view``) and log a
+W&B table of sample trajectories (``eval/trajectories``)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,27 @@ from ..viewer.rows import log_trajectory_table
 logger = logging.getLogger(__name__)
 
 
+WANDB_MODES = ("offline", "online", "disabled")
+
+
+def resolve_wandb_mode(requested: str | None = None) -> str:
+    """``requested``, else ``$WANDB_MODE``, else online when ``$WANDB_API_KEY`` is set, else offline."""
+    mode = requested or os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+    if mode not in WANDB_MODES:
+        raise ValueError(f"W&B mode must be one of {', '.join(WANDB_MODES)}, got {mode!r}")
+    return mode
+
+
 class MetricsLogger:
     def __init__(
-        self, run_dir: str | Path, *, project: str | None = "agentboost", config: dict[str, Any] | None = None
+        self,
+        run_dir: str | Path,
+        *,
+        project: str | None = "agentboost",
+        config: dict[str, Any] | None = None,
+        wandb_mode: str | None = None,
+        tensorboard: bool = False,
+        resume_step: int | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -29,26 +48,46 @@ class MetricsLogger:
         self.rows: list[dict[str, Any]] = []
         if self.jsonl.exists():  # resumed run: keep what was logged before
             self.rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        if resume_step is not None and any(int(r.get("step", 0)) > resume_step for r in self.rows):
+            # steps logged after the checkpoint being resumed (an interrupted run): they are run again
+            self.rows = [r for r in self.rows if int(r.get("step", 0)) <= resume_step]
+            self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+            self._write_csv()
         self._wandb = None
         self._wandb_module: Any = None
-        if project:
+        mode = resolve_wandb_mode(wandb_mode)
+        if project and mode != "disabled":
             try:
                 import wandb
             except ImportError:
                 logger.info("wandb is not installed: metrics go to %s only", self.csv)
             else:
                 self._wandb_module = wandb
-                mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
                 self._wandb = wandb.init(project=project, config=config or {}, dir=str(self.run_dir), mode=mode,
-                                         reinit="finish_previous")  # fmt: skip
+                                         reinit="finish_previous", settings=wandb.Settings(silent=True))  # fmt: skip
+                logger.info("W&B run (%s) in %s", mode, self.run_dir / "wandb")
+        self._tensorboard: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                logger.info("tensorboard is not installed (pip install tensorboard): no TensorBoard event files")
+            else:
+                self._tensorboard = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
 
     def log(self, metrics: dict[str, Any]) -> None:
         self.rows.append(metrics)
         with open(self.jsonl, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(metrics) + "\n")
         self._write_csv()
+        step = int(metrics.get("step", len(self.rows)))
         if self._wandb is not None:
-            self._wandb.log(metrics, step=int(metrics.get("step", len(self.rows))))
+            self._wandb.log(metrics, step=step)
+        if self._tensorboard is not None:
+            for key, value in metrics.items():
+                if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                    self._tensorboard.add_scalar(key, value, global_step=step)
+            self._tensorboard.flush()
 
     def log_episodes(self, tag: str, episodes: list[Episode], *, step: int) -> Path:
         """Keep ``episodes`` as ``episodes/<tag>_step<step>.jsonl`` and log a W&B table of sample
@@ -76,6 +115,9 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
 
 
 def plot_curves(history: list[dict[str, Any]], path: str | Path, *, title: str = "GRPO training",

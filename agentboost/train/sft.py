@@ -61,6 +61,134 @@ def demonstration_episodes(
     return asyncio.run(everything())
 
 
+class SFTRun:
+    """Supervised fine-tuning on the model tokens (mask 1) of ``episodes``, one step at a time, with its
+    whole state (step, losses, batch sampler, optimizer with its fp32 masters, schedule) in
+    :meth:`state_dict` so that an interrupted warm start resumes where it was saved. :func:`sft` runs one
+    to the end; see there for the options."""
+
+    def __init__(
+        self,
+        model: Any,
+        episodes: list[Episode],
+        *,
+        pad_token_id: int,
+        steps: int,
+        lr: float = 1e-3,
+        batch_size: int = 16,
+        seed: int = 0,
+        weights: Sequence[float] | None = None,
+        weight_decay: float = 0.0,
+        schedule: str = "cosine",
+    ) -> None:
+        import torch
+
+        if schedule not in ("cosine", "constant"):
+            raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
+        if weights is not None and len(weights) != len(episodes):
+            raise ValueError(f"{len(weights)} weights for {len(episodes)} episodes")
+        keep = [i for i, e in enumerate(episodes) if not e.masked and e.num_model_tokens]
+        self.usable = [episodes[i] for i in keep]
+        self.weights = [float(weights[i]) for i in keep] if weights is not None else None
+        if not self.usable or (self.weights is not None and sum(self.weights) <= 0):
+            raise ValueError("no usable demonstration episodes")
+        self.model = model
+        self.pad_token_id = pad_token_id
+        self.steps = steps
+        self.batch_size = batch_size
+        self.rng = random.Random(seed)
+        # fp32 masters for bf16/fp16 weights
+        self.optimizer = MasterWeightAdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        warmup = max(1, steps // 20)
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            if schedule == "constant":
+                return 1.0
+            progress = (step - warmup) / max(1, steps - warmup)
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, factor)
+        self.losses: list[float] = []
+
+    @property
+    def step(self) -> int:
+        return len(self.losses)
+
+    def train_step(self) -> float:
+        """One optimiser step on a batch drawn as :func:`sft` says; returns its loss."""
+        if self.weights is None:
+            chosen = self.rng.sample(self.usable, min(self.batch_size, len(self.usable)))
+        else:
+            chosen = self.rng.choices(self.usable, weights=self.weights, k=self.batch_size)
+        device = next(self.model.parameters()).device
+        batch = episodes_to_batch(chosen, pad_token_id=self.pad_token_id)
+        mask = batch.response_mask.to(device).float()
+        self.model.train()
+        logprobs = response_logprobs(self.model, batch)
+        loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if math.isfinite(self.optimizer.clip_grad_norm_(1.0)):
+            self.optimizer.step()
+        self.scheduler.step()
+        self.losses.append(float(loss.detach()))
+        return self.losses[-1]
+
+    def run(
+        self,
+        *,
+        until: Callable[[int], bool] | None = None,
+        check_every: int = 100,
+        after_check: Callable[[int, bool], None] | None = None,
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> list[float]:
+        """Steps up to ``steps`` (from wherever this run stands). Every ``check_every`` steps before the
+        last, ``until(step)`` (model in eval mode; True ends the run) and then ``after_check(step, stop)``
+        are called (either may be None: with ``after_check`` alone, it is a periodic save)."""
+        while self.step < self.steps:
+            loss = self.train_step()
+            done = self.step
+            if on_step is not None:
+                on_step(done, loss)
+            if done % check_every == 0 and done < self.steps and (until is not None or after_check is not None):
+                stop = False
+                if until is not None:
+                    self.model.eval()
+                    stop = bool(until(done))
+                    self.model.train()
+                if after_check is not None:
+                    after_check(done, stop)
+                if stop:
+                    break
+        self.model.eval()
+        return self.losses
+
+    # -- resuming -------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the model's weights (saved by the caller, who knows which are trained)."""
+        import torch
+
+        return {
+            "losses": list(self.losses),
+            "rng": self.rng.getstate(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import torch
+
+        self.losses = [float(x) for x in state["losses"]]
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+
+
 def sft(
     model: Any,
     episodes: list[Episode],
@@ -89,55 +217,11 @@ def sft(
     ``schedule``: linear warm-up over the first 5% of ``steps``, then ``"cosine"`` decay to 10% at
     ``steps`` or ``"constant"`` (for a run that ends at a check: a decay towards a ceiling it may never
     reach only slows the steps it does take). ``weight_decay``: AdamW's, decoupled."""
-    import torch
     from tqdm import tqdm
 
-    if schedule not in ("cosine", "constant"):
-        raise ValueError(f"schedule must be 'cosine' or 'constant', got {schedule!r}")
-    if weights is not None and len(weights) != len(episodes):
-        raise ValueError(f"{len(weights)} weights for {len(episodes)} episodes")
-    keep = [i for i, e in enumerate(episodes) if not e.masked and e.num_model_tokens]
-    usable = [episodes[i] for i in keep]
-    usable_weights = [float(weights[i]) for i in keep] if weights is not None else None
-    if not usable or (usable_weights is not None and sum(usable_weights) <= 0):
-        raise ValueError("no usable demonstration episodes")
-    rng = random.Random(seed)
-    optimizer = MasterWeightAdamW(model.parameters(), lr=lr, weight_decay=weight_decay)  # fp32 masters for bf16/fp16
-    warmup = max(1, steps // 20)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, factor)
-    device = next(model.parameters()).device
-    losses: list[float] = []
-    model.train()
-    for _ in tqdm(range(steps), desc="SFT warm start", unit="step", disable=not progress):
-        if usable_weights is None:
-            chosen = rng.sample(usable, min(batch_size, len(usable)))
-        else:
-            chosen = rng.choices(usable, weights=usable_weights, k=batch_size)
-        batch = episodes_to_batch(chosen, pad_token_id=pad_token_id)
-        mask = batch.response_mask.to(device).float()
-        logprobs = response_logprobs(model, batch)
-        loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if math.isfinite(optimizer.clip_grad_norm_(1.0)):
-            optimizer.step()
-        scheduler.step()
-        losses.append(float(loss.detach()))
-        done = len(losses)
-        if until is not None and done % check_every == 0 and done < steps:
-            model.eval()
-            stop = until(done)
-            model.train()
-            if stop:
-                break
-    model.eval()
-    return losses
+    run = SFTRun(
+        model, episodes, pad_token_id=pad_token_id, steps=steps, lr=lr, batch_size=batch_size, seed=seed,
+        weights=weights, weight_decay=weight_decay, schedule=schedule,
+    )  # fmt: skip
+    with tqdm(total=steps, desc="SFT warm start", unit="step", disable=not progress) as bar:
+        return run.run(until=until, check_every=check_every, on_step=lambda _step, _loss: bar.update(1))

@@ -26,6 +26,7 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from .grpo import policy_loss
 from .logprobs import output_logits_fn, response_logprobs
 from .metrics import MetricsLogger
 from .optim import MasterWeightAdamW
+from .progress import phase_bar
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,14 @@ class TrainConfig:
     logprob_gap_alarm: float | None = 0.5
     """Stop when the mean |rollout - trainer| logprob gap on loss tokens exceeds this (stale rollouts)."""
     wandb_project: str | None = "agentboost"
+    wandb_mode: str | None = None
+    """W&B mode: offline, online or disabled (default: $WANDB_MODE, else online with $WANDB_API_KEY, else offline)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files to ``<run_dir>/tensorboard`` (needs the tensorboard package)."""
+    eval_n: int = 1
+    """Samples per held-out row in every evaluation (pass@k needs more than one, at a temperature > 0)."""
+    eval_ks: tuple[int, ...] = ()
+    """pass@k reported for these k (default: 1, 2, 4, ... up to eval_n)."""
 
     def __post_init__(self) -> None:
         if self.sampling.temperature <= 0:
@@ -90,16 +100,25 @@ class TrainConfig:
             raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens must be >= 1 or None (one pass), got {self.micro_batch_tokens}")
-        for name in ("ppo_epochs", "minibatches"):
+        for name in ("ppo_epochs", "minibatches", "eval_n"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if any(k < 1 or k > self.eval_n for k in self.eval_ks):
+            raise ValueError(f"every pass@k k must be in 1..eval_n={self.eval_n}, got {list(self.eval_ks)}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["sampling"] = self.sampling.to_dict()
         data["eval_sampling"] = self.eval_sampling.to_dict()
         data["budget"] = self.budget.to_dict()
+        data["eval_ks"] = list(self.eval_ks)
         return data
+
+    def pass_ks(self) -> list[int]:
+        """The k of the pass@k the evaluations report."""
+        from ..evaluation.passk import default_ks
+
+        return sorted(set(self.eval_ks)) if self.eval_ks else default_ks(self.eval_n)
 
 
 class StaleRolloutError(RuntimeError):
@@ -146,7 +165,7 @@ class GRPOTrainer:
         self.backend = HFLocalBackend(
             model,
             device=str(self.device),
-            max_batch_size=max(concurrency, len(self.eval_rows), 1),
+            max_batch_size=max(concurrency, len(self.eval_rows) * self.config.eval_n, 1),
             pad_token_id=self.pad_token_id,
         )
         output_logits_fn(model)  # refuse a model whose output head the loss would not reproduce, now
@@ -164,7 +183,16 @@ class GRPOTrainer:
         self._rng = random.Random(self.config.seed)
 
     # -- rollouts -------------------------------------------------------------------------------
-    def rollout(self, rows: list[dict[str, Any]], *, n: int, sampling: SamplingParams, tag: str) -> list[Episode]:
+    def rollout(
+        self,
+        rows: list[dict[str, Any]],
+        *,
+        n: int,
+        sampling: SamplingParams,
+        tag: str,
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        """``n`` episodes of every row from the live policy (``on_episode`` is called as each finishes)."""
         settings = RolloutSettings(sampling=sampling, budget=self.config.budget)
 
         async def one(row: dict[str, Any], i: int, k: int) -> Episode:
@@ -182,6 +210,8 @@ class GRPOTrainer:
                 episode_id=f"{group}:{k}", group_id=group, task_id=str(row.get("task_id", i)),
             )  # fmt: skip
             episode.metadata["group_id"] = group
+            if on_episode is not None:
+                on_episode(episode)
             return episode
 
         async def everything() -> list[Episode]:
@@ -302,27 +332,37 @@ class GRPOTrainer:
         return self.reference
 
     # -- evaluation --------------------------------------------------------------------------------
-    def evaluate(self, rows: list[dict[str, Any]] | None = None, *, tag: str = "eval") -> dict[str, float]:
+    def evaluate(
+        self,
+        rows: list[dict[str, Any]] | None = None,
+        *,
+        tag: str = "eval",
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> dict[str, float]:
+        """``eval_n`` episodes of every held-out row at ``eval_sampling``: the rollout metrics and pass@k
+        (``eval/pass@k``, the unbiased estimator over each row's samples), all under ``eval/``."""
         rows = rows if rows is not None else self.eval_rows
         if not rows:
             return {}
-        episodes = self.rollout(rows, n=1, sampling=self.config.eval_sampling, tag=tag)
+        n = self.config.eval_n
+        episodes = self.rollout(rows, n=n, sampling=self.config.eval_sampling, tag=tag, on_episode=on_episode)
         self.last_eval_episodes = episodes
-        return {f"eval/{k}": v for k, v in episode_metrics(episodes).items()}
+        metrics = {f"eval/{k}": v for k, v in episode_metrics(episodes).items()}
+        metrics.update({f"eval/{k}": v for k, v in pass_metrics(episodes, n, self.config.pass_ks()).items()})
+        return metrics
 
     # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, *, resume: bool = True, progress: bool = True) -> list[dict[str, Any]]:
-        from tqdm import tqdm
-
+    def fit(self, *, resume: bool = True, progress: bool = True, desc: str = "GRPO") -> list[dict[str, Any]]:
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             self.load_checkpoint()
         if cfg.kl_coef > 0:
             self.ensure_reference()
-        log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict())
+        log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict(), wandb_mode=cfg.wandb_mode,
+                            tensorboard=cfg.tensorboard, resume_step=self.step)  # fmt: skip
         try:
-            bar = tqdm(total=cfg.steps, initial=self.step, desc="GRPO", unit="step", disable=not progress)
+            bar = phase_bar(desc, cfg.steps, unit="step", progress=progress, initial=self.step)
             while self.step < cfg.steps:
                 started = time.monotonic()
                 rows = self._next_rows()
@@ -334,12 +374,17 @@ class GRPOTrainer:
                 metrics["step_s"] = time.monotonic() - started
                 self.step += 1
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    bar.set_postfix_str(f"evaluating {len(self.eval_rows) * cfg.eval_n} held-out episodes")
                     metrics.update(self.evaluate(tag=f"e{self.step}"))
                     log.log_episodes("eval", self.last_eval_episodes, step=self.step)
                 self.history.append(metrics)
                 log.log(metrics)
                 bar.update(1)
-                bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", success=f"{metrics['success_rate']:.2f}")
+                postfix = {"reward": f"{metrics['reward_mean']:.2f}", "success": f"{metrics['success_rate']:.2f}"}
+                last_eval = next((h for h in reversed(self.history) if "eval/success_rate" in h), None)
+                if last_eval is not None:
+                    postfix["held-out"] = f"{last_eval['eval/success_rate']:.2f}"
+                bar.set_postfix(postfix)
                 if cfg.save_every and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
                     self.save_checkpoint()
             bar.close()
@@ -430,6 +475,24 @@ def _chunked_logprobs(
         out[rows, :width] = values.float().cpu()
     device = next(model.parameters()).device
     return out.to(device), None if raw is None else raw.to(device)
+
+
+def pass_metrics(episodes: list[Episode], n: int, ks: list[int], threshold: float = 1.0) -> dict[str, float]:
+    """``pass@k`` for every k (at most ``n``): the unbiased estimator per row (its episodes share a
+    group id), averaged over rows; success as the evaluator counts it."""
+    from ..evaluation.passk import pass_at_k
+    from ..evaluation.report import is_success
+
+    by_row: dict[str, list[bool]] = {}
+    for episode in episodes:
+        key = str(episode.metadata.get("group_id") or episode.task_id)
+        by_row.setdefault(key, []).append(is_success(episode, threshold))
+    out: dict[str, float] = {}
+    for k in ks:
+        usable = [row for row in by_row.values() if len(row) >= k]
+        if usable:
+            out[f"pass@{k}"] = sum(pass_at_k(len(row), sum(row), k) for row in usable) / len(usable)
+    return out
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

@@ -1,0 +1,89 @@
+"""The model a run trains: a local Hugging Face directory (optionally with LoRA adapters) on a device.
+
+What is checked up front, before minutes of work: the directory exists and holds a model (a hub id
+is refused with the command that downloads it: runs never reach the network), the device exists,
+the dtype is known. :func:`model_record` is what ``run.json`` keeps, so that ``agentboost export``
+can rebuild the model (base directory, LoRA settings, dtype).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LORA_TARGETS = "all-linear"
+
+
+def resolve_device(device: str | None) -> str:
+    """``device``, or cuda when there is one, else cpu; a CUDA device this machine lacks is refused."""
+    import torch
+
+    if device in (None, "", "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    assert device is not None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: this machine has no CUDA device (torch sees none); use --device cpu")
+    if not device.startswith(("cuda", "cpu", "mps", "xpu")):
+        raise ValueError(f"--device {device}: expected cpu, cuda or cuda:N")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``auto``: bfloat16 on a GPU, float32 elsewhere."""
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        return "bfloat16" if device.startswith("cuda") else "float32"
+    return dtype
+
+
+def check_model_dir(path: str, *, flag: str = "--model") -> Path:
+    """The local model directory ``path`` names (config.json inside), or a ValueError saying what it is."""
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        hub_like = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not directory.exists()
+        name = path.rsplit("/", maxsplit=1)[-1]
+        hint = (
+            f" (a Hugging Face hub id? runs never download: `huggingface-cli download {path} --local-dir "
+            f"models/{name}`, then {flag} models/{name})"
+            if hub_like
+            else ""
+        )
+        what = "is a file, not a model directory" if directory.exists() else "does not exist"
+        raise ValueError(f"{flag} {path}: {what}{hint}")
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{flag} {path}: no config.json there, not a Hugging Face model directory")
+    return directory
+
+
+def lora_settings(rank: int, alpha: int | None = None) -> dict[str, Any] | None:
+    """peft's ``LoraConfig`` keywords for ``rank`` (None: no LoRA, the whole model is trained)."""
+    if not rank:
+        return None
+    return {"r": rank, "lora_alpha": alpha or 2 * rank, "target_modules": LORA_TARGETS, "task_type": "CAUSAL_LM"}
+
+
+def model_record(base: str | None, *, lora: dict[str, Any] | None, dtype: str) -> dict[str, Any]:
+    return {"base": str(Path(base).expanduser().resolve()) if base else None, "lora": lora, "dtype": dtype}
+
+
+def load_model(
+    path: str | Path, *, tokenizer: Any = None, lora: dict[str, Any] | None, device: str, dtype: str
+) -> tuple[Any, Any]:
+    """The model of ``path`` (local files only) in ``dtype`` on ``device``, with fresh LoRA adapters when
+    ``lora`` is given, and its tokenizer (``tokenizer``: another directory, or one already loaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if tokenizer is None or isinstance(tokenizer, str | Path):
+        loaded_tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or path), local_files_only=True)
+    else:
+        loaded_tokenizer = tokenizer
+    model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=getattr(torch, dtype))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(**lora))
+    model.to(device)
+    return model, loaded_tokenizer

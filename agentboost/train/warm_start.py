@@ -1,0 +1,147 @@
+"""Warm starts: whatever trains the policy before GRPO, resumable on its own.
+
+A warm start is any object with ``run(trainer, directory, *, progress) -> dict`` (:class:`WarmStart`):
+it trains ``trainer.model`` (the policy GRPO then starts from), keeps its own state in ``directory`` so
+that a run interrupted during it (Ctrl-C, a lost machine) continues from its last save, and returns
+what it measured (``summary.json``'s ``warm_start``). The training loop
+(:func:`agentboost.train.run.run_training`) knows nothing else about it, so a recipe changes without
+touching the loop. Two ship:
+
+* :class:`EpisodeWarmStart`: SFT on episodes for a fixed number of steps (``agentboost train
+  --sft-data``: successful rollouts and distilled frontier-model episodes,
+  :mod:`agentboost.train.sft_data`);
+* the quickstart's demonstrations with a sampled check of the skill they teach
+  (:class:`agentboost.quickstart.DemonstrationWarmStart`).
+
+Both save through :class:`SFTCheckpoint`: the trained weights, the optimizer with its fp32 masters, the
+batch sampler's and torch's random state, the losses and the caller's own record (checks, seconds),
+written atomically (a new directory renamed over the old one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..episode import Episode
+from .progress import phase_bar
+from .sft import SFTRun
+
+if TYPE_CHECKING:
+    from .trainer import GRPOTrainer
+
+logger = logging.getLogger(__name__)
+
+STATE = "state.json"
+
+
+class WarmStart(Protocol):
+    def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool) -> dict[str, Any]:
+        """Train ``trainer.model`` before GRPO, resuming from ``directory`` (None: not resumable)."""
+        ...
+
+
+def trained_state(model: Any) -> dict[str, Any]:
+    """The weights training changes: every trainable parameter (LoRA: the adapters only)."""
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if k in trainable}
+
+
+def load_trained_state(model: Any, state: dict[str, Any], where: Path) -> None:
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"{where} holds weights this model does not have: {result.unexpected_keys[:3]}")
+
+
+class SFTCheckpoint:
+    """The saved state of one SFT warm start in ``directory`` (see module doc)."""
+
+    def __init__(self, directory: Path, model: Any, run: SFTRun) -> None:
+        self.directory = Path(directory)
+        self.model = model
+        self.run = run
+
+    def load(self) -> dict[str, Any] | None:
+        """Restore the model and the run from the last save; returns ``{"done", "record"}`` or None."""
+        import torch
+
+        state_path = self.directory / STATE
+        if not state_path.is_file():
+            return None
+        state = json.loads(state_path.read_text())
+        load_trained_state(self.model, torch.load(self.directory / "model.pt", map_location="cpu"), self.directory)
+        self.run.load_state_dict(torch.load(self.directory / "sft.pt", map_location="cpu"))
+        logger.info("warm start resumed from %s at step %d", self.directory, self.run.step)
+        return {"done": bool(state["done"]), "record": dict(state.get("record", {}))}
+
+    def save(self, record: dict[str, Any], *, done: bool) -> None:
+        import torch
+
+        tmp = self.directory.with_name(self.directory.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        torch.save(trained_state(self.model), tmp / "model.pt")
+        torch.save(self.run.state_dict(), tmp / "sft.pt")
+        (tmp / STATE).write_text(json.dumps({"step": self.run.step, "done": done, "record": record}))
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        tmp.rename(self.directory)
+
+
+@dataclass
+class EpisodeWarmStart:
+    """SFT on ``episodes`` for ``steps`` steps (batches drawn without replacement), saved every
+    ``save_every`` steps; records the loss and what the episodes were (``sources``)."""
+
+    episodes: list[Episode]
+    steps: int
+    lr: float = 1e-5
+    batch_size: int = 8
+    weight_decay: float = 0.0
+    seed: int = 0
+    save_every: int = 50
+    sources: dict[str, Any] | None = None
+
+    def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool) -> dict[str, Any]:
+        started = time.monotonic()
+        sft_run = SFTRun(
+            trainer.model, self.episodes, pad_token_id=trainer.pad_token_id, steps=self.steps, lr=self.lr,
+            batch_size=self.batch_size, seed=self.seed, weight_decay=self.weight_decay, schedule="cosine",
+        )  # fmt: skip
+        store = SFTCheckpoint(directory, trainer.model, sft_run) if directory is not None else None
+        resumed = store.load() if store is not None else None
+        earlier = float((resumed or {}).get("record", {}).get("seconds", 0.0))
+        if resumed and resumed["done"]:
+            return dict(resumed["record"])
+
+        def record() -> dict[str, Any]:
+            losses = sft_run.losses
+            return {
+                "kind": "sft-data",
+                "steps": sft_run.step,
+                "first_loss": losses[0] if losses else None,
+                "final_loss": losses[-1] if losses else None,
+                "episodes": len(sft_run.usable),
+                "sources": self.sources or {},
+                "seconds": earlier + time.monotonic() - started,
+            }
+
+        bar = phase_bar("warm start (SFT)", self.steps, unit="step", progress=progress, initial=sft_run.step)
+        try:
+            sft_run.run(
+                check_every=self.save_every,
+                after_check=(lambda _step, _stop: store.save(record(), done=False)) if store is not None else None,
+                on_step=lambda _step, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")),
+            )
+        finally:
+            bar.close()
+        result = record()
+        if store is not None:
+            store.save(result, done=True)
+        return result
