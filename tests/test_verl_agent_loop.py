@@ -594,7 +594,8 @@ def test_training_step_metrics_from_the_rows_count_episodes_not_trajectories(loo
     assert metrics["strands/tool_calls_per_episode"] == pytest.approx(2 / 3)
     assert metrics["strands/model_calls_per_episode"] == pytest.approx(4 / 3)
     infos = [o.extra_fields["reward_extra_info"] for o in outputs]
-    two = {**infos[0], "strands_trajectories": 2.0, "strands_rows": 2.0, "strands_tool_calls": 4.0}  # one episode, two rows
+    # one episode, two rows
+    two = {**infos[0], "strands_trajectories": 2.0, "strands_rows": 2.0, "strands_tool_calls": 4.0}
     weighted = row_metrics([two, two, infos[2]])
     assert weighted["strands/episodes"] == 2 and weighted["strands/rows"] == 3
     assert weighted["strands/tool_calls_per_episode"] == 2.0 and weighted["strands/masked_fraction"] == 0.5
