@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from strands import tool
@@ -47,6 +48,8 @@ def make_python_tool(*, sandbox: Sandbox | None = None, timeout_s: float = 10.0,
             parts.append("(killed: it wrote more output than is kept)")
         elif result.timed_out:
             parts.append(f"(killed: exceeded {timeout_s:g}s)")
+        elif result.signal == signal.SIGXCPU:  # the CPU-time limit: the same limit, reached by CPU first
+            parts.append(f"(killed: exceeded {timeout_s:g}s of CPU time)")
         elif result.exit_code not in (0, None):
             parts.append(f"(exit code {result.exit_code})")
         elif result.exit_code is None:

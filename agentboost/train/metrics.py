@@ -63,8 +63,9 @@ class MetricsLogger:
                 logger.info("wandb is not installed: metrics go to %s only", self.csv)
             else:
                 self._wandb_module = wandb
+                quiet = {"settings": wandb.Settings(silent=True)} if hasattr(wandb, "Settings") else {}
                 self._wandb = wandb.init(project=project, config=config or {}, dir=str(self.run_dir), mode=mode,
-                                         reinit="finish_previous", settings=wandb.Settings(silent=True))  # fmt: skip
+                                         reinit="finish_previous", **quiet)  # fmt: skip
                 logger.info("W&B run (%s) in %s", mode, self.run_dir / "wandb")
         self._tensorboard: Any = None
         if tensorboard:
