@@ -39,6 +39,7 @@ GPU; the warm start is skipped unless ``--sft-steps`` is given.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -50,7 +51,7 @@ from typing import Any
 
 from .agents.strands_agent import StrandsAgent
 from .chat.template import ChatTemplate
-from .environments.arithmetic import SYSTEM_PROMPT, make_tasks
+from .environments.arithmetic import SYSTEM_PROMPT, make_tasks, windowed_agent
 from .episode import Episode
 from .rewards.answer import final_answer_text
 from .train.progress import phase_bar
@@ -105,6 +106,11 @@ class QuickstartConfig:
     front of both operands: a small model copying the expression into the tool call by induction
     ("what followed this token last time") then picks the wrong operand half the time, and sorting that
     out by position took it hundreds of extra warm-start steps on some seeds."""
+    window_size: int | None = None
+    """Give the agent Strands' sliding window, applied before every model call
+    (``SlidingWindowConversationManager(window_size, per_turn=True)``): with 2, the answer call sees only
+    the calculator call and its result, so every episode is two trajectories (README, "Agents that
+    rewrite their history"). None: no window (NullConversationManager)."""
     demos: int = 256
     """Training tasks turned into demonstrations for the warm start."""
     verbose_fraction: float = 0.7
@@ -183,6 +189,8 @@ class QuickstartConfig:
                 f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
                 f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
             )
+        if self.window_size is not None and self.window_size < 1:
+            problems.append(f"window_size must be >= 1 or none, got {self.window_size}")
         if self.sft_schedule not in ("constant", "cosine"):
             problems.append(f"sft_schedule must be 'constant' or 'cosine', got {self.sft_schedule!r}")
         if problems:
@@ -436,6 +444,13 @@ def quickstart_tasks(cfg: QuickstartConfig) -> tuple[list[dict[str, Any]], list[
     return make_tasks(cfg.train_tasks, split="train", **tasks), make_tasks(cfg.eval_tasks, split="eval", **tasks)
 
 
+def quickstart_agent(cfg: QuickstartConfig) -> StrandsAgent:
+    """The calculator agent, with Strands' sliding window when ``window_size`` is set."""
+    if cfg.window_size is None:
+        return StrandsAgent(system_prompt=SYSTEM_PROMPT)
+    return StrandsAgent(functools.partial(windowed_agent, window_size=cfg.window_size))
+
+
 def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
     """The quickstart as a run of the one training loop (:func:`agentboost.train.run.run_training`)."""
     from .train.models import lora_settings, model_record, resolve_device, resolve_dtype
@@ -462,7 +477,7 @@ def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
         train_rows=train_rows,
         eval_rows=eval_rows,
         env=ENV,
-        agent=StrandsAgent(system_prompt=SYSTEM_PROMPT),
+        agent=quickstart_agent(cfg),
         build_model=lambda: build_quickstart_model(cfg, train_rows),
         model_record=record,
         train_config=train_config,
@@ -474,10 +489,10 @@ def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
 
 _DEFINES_THE_RUN = (
     "seed", "model", "lora_rank", "hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks",
-    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "verbose_fraction",
+    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "verbose_fraction", "window_size",
 )  # fmt: skip
 """Options a checkpoint only makes sense with: the model, its tokenizer (built from the tasks) and the tasks."""
-_BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True}
+_BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True, "window_size": None}
 """What a run directory written before an option existed was run with."""
 _BUILT_IN_MODEL = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 """Options of the built-in model only: ignored with --model."""

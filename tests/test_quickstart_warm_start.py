@@ -400,3 +400,28 @@ def test_ctrl_c_during_the_quickstart_says_how_to_resume_and_the_rerun_resumes(t
     assert steps_run == ["interrupted", 2, 3]  # resumed at the save of step 2: steps 3 and 4 only
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["warm_start"]["steps"] == 4 and "after" in summary
+
+
+def test_with_a_sliding_window_every_demonstration_and_check_episode_is_two_trajectories(tiny) -> None:
+    """--window-size 2: the answer call sees only the calculator call and its result (Strands' window before
+    every call), so the warm start trains on both trajectories of every demonstration and the check still
+    recognises a demonstrated episode."""
+    from agentboost.batch import episodes_to_batch
+    from agentboost.quickstart import quickstart_agent, warm_start_demos
+
+    cfg, rows, _, template = tiny
+    agent = quickstart_agent(QuickstartConfig(window_size=2))
+    demos, weights = warm_start_demos(rows[:3], template, agent, 0.7)
+    assert len(demos) == 6 and len(weights) == 6
+    for row, episode in zip(rows[:3] * 2, demos, strict=True):
+        assert episode.termination.value == "completed" and episode.num_trajectories == 2
+        first, second = episode.trajectories
+        assert "What is" in template.decode(first.prompt_ids)
+        assert "What is" not in template.decode(second.prompt_ids)  # the window dropped the question
+        assert second.info.opened_by == "history_rewritten" and second.info.rerendered_tokens > 0
+        assert reproduces_demonstration(row, episode)
+    batch = episodes_to_batch(demos, pad_token_id=0)
+    assert len(batch) == 12 and int(batch.response_mask.sum()) == sum(e.num_model_tokens for e in demos)
+    assert quickstart_agent(QuickstartConfig()).agent_factory is None  # no window: the plain agent
+    with pytest.raises(ValueError, match="window_size"):
+        QuickstartConfig(window_size=0)
