@@ -19,8 +19,8 @@ Each sandbox makes one group of its own there (``agentboost-<pid>-<token>``, wei
 busy processes as it has slots) and one group per run in it, removed after the run by the janitor (off the
 event loop: the kernel takes a while); groups of a process that died are removed the next time a sandbox
 starts. The launcher moves
-itself into the run's group before anything else (it writes ``0`` to each ``cgroup.procs`` in the launch
-configuration), so every process of the run is in it. Where none of this is possible (no such mount, no
+itself into the run's group before anything else (it writes ``0`` to each file of :attr:`RunCgroup.procs` in
+the launch configuration), so every process of the run is in it. Where none of this is possible (no such mount, no
 delegation, not root) :func:`find` says why and runs keep only their per-process limits (reported as the
 ``cgroup`` layer).
 """
@@ -175,8 +175,11 @@ class RunCgroup:
 
     @property
     def procs(self) -> list[str]:
-        """The files the launcher writes ``0`` to, to move itself in."""
-        return [f"{d}/cgroup.procs" for d in self.dirs]
+        """The files the launcher writes ``0`` to, to move itself in. v1: ``tasks``, which moves the calling
+        thread alone (the launcher has no other): the kernel then skips the thread-group lock whose write
+        side waits for an RCU grace period (``cgroup.procs``: milliseconds per run on a busy host)."""
+        name = "tasks" if self.version == 1 else "cgroup.procs"
+        return [f"{d}/{name}" for d in self.dirs]
 
     def kill(self) -> None:
         """SIGKILL every process left in the group."""
