@@ -107,6 +107,20 @@ def check_prompts_render_history(episode: Episode, template: ChatTemplate, syste
         assert trajectory.prompt_ids == template.initial_prompt(hf, specs), f"trajectory {trajectory.index}"
 
 
+def check_transcript(episode: Episode, *, calls: int) -> None:
+    """The whole conversation, once, in order, although the final history lost its start: the task, then
+    every tool call followed by its result, then the answer (and no summary)."""
+    transcript = episode.transcript()
+    assert transcript[0]["role"] == "user" and transcript[0]["content"][0]["text"] == "go"
+    uses = [b["toolUse"] for m in transcript for b in m["content"] if "toolUse" in b]
+    results = [b["toolResult"] for m in transcript for b in m["content"] if "toolResult" in b]
+    assert [u["input"]["a"] for u in uses] == list(range(calls))
+    assert [r["toolUseId"] for r in results] == [u["toolUseId"] for u in uses]
+    assert not any("summary" in str(m) for m in transcript)
+    assert transcript[-1]["role"] == "assistant" and transcript[-1]["content"] == episode.messages[-1]["content"]
+    assert len(transcript) == 2 + 2 * calls
+
+
 def run(template: ChatTemplate, policy: Policy, factory: Any, *, budget: Budget, task: str = "go",
         reward: Any = None, settings: RolloutSettings | None = None) -> Episode:  # fmt: skip
     with FakeVLLMServer(policy, vocab_size=len(template.tokenizer)) as server:
@@ -144,6 +158,7 @@ def test_sliding_window_over_a_20_tool_call_episode(family: str) -> None:
         assert len(history) <= 4 + int(pin)
     check_token_exact(episode, policy)
     check_prompts_render_history(episode, template, {"main": system}, {"main": [add.tool_spec]})
+    check_transcript(episode, calls=20)
     # The record and its JSON agree, trajectories included.
     assert Episode.from_json(episode.to_json()).to_dict() == episode.to_dict()
 
@@ -189,6 +204,7 @@ def test_a_window_that_trims_only_after_the_last_call_keeps_one_trajectory_and_i
     assert len(episode.messages) <= 4 and episode.final_text == "3"  # trimmed after the last call
     history = episode.messages_of(0)
     assert len(history) == 8 and history[0]["content"][0]["text"] == "go"
+    check_transcript(episode, calls=3)
     check_token_exact(episode, policy)
     check_prompts_render_history(episode, template, {"main": "ROLE=main."}, {"main": [add.tool_spec]})
 
@@ -219,6 +235,7 @@ def test_summarising_manager_with_the_policy_as_summariser(family: str, train_au
     episode = run(template, policy, factory, budget=budget, settings=settings)
     assert episode.termination is Termination.COMPLETED, episode.termination_detail
     assert episode.final_text.strip() == "12"
+    check_transcript(episode, calls=12)
     agents = [info.agent for info in episode.trajectory_info]
     assert "aux" in agents and agents[0] == "main"
     for trajectory in episode.trajectories:
