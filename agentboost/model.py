@@ -59,6 +59,7 @@ from .chat.parsers import TOOL_NAME_RE, ParsedCall
 from .chat.template import ChatTemplate
 from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats, TrajectoryInfo
 from .errors import (
+    AgentboostError,
     BackendContextOverflow,
     BackendError,
     BackendTimeout,
@@ -144,6 +145,10 @@ class _EpisodeState:
     """The episode's moment for templates that print the date: every render of the episode uses it (set
     when the model is built, through this module's ``datetime``)."""
     pending_stop: EpisodeStop | None = None
+    fatal: AgentboostError | None = None
+    """The first error a model call of the episode raised (a server failure, a divergence, a budget stop):
+    what ends the episode, also where Strands turned it into a tool result (an agent used as a tool) or a
+    failed node (a Swarm); every later call raises it again."""
     synthetic_messages: int = 0
     model_time_s: float = 0.0
     server_busy_since: float = 0.0
@@ -390,6 +395,31 @@ class TokenModel(Model):
 
     # -- the call ----------------------------------------------------------------------------
     async def _generate(
+        self,
+        messages: list[dict[str, Any]],
+        tool_specs: list[dict[str, Any]] | None,
+        system: str | None,
+        cancel_signal: threading.Event | None,
+        *,
+        conversation: tuple[Any, str],
+    ) -> tuple[GenerationResult | None, list[dict[str, Any]]]:
+        st = self._st
+        if st.fatal is not None:
+            raise st.fatal
+        try:
+            return await self._call(messages, tool_specs, system, cancel_signal, conversation=conversation)
+        except AgentboostError as exc:
+            # (a prompt that does not fit is the agent's to reduce, or ends the episode where it is raised)
+            if st.fatal is None and not isinstance(exc, BackendContextOverflow | ContextOverflow):
+                st.fatal = exc
+            raise
+
+    @property
+    def fatal_error(self) -> AgentboostError | None:
+        """The error that ends this episode, raised by one of its model calls (see ``_EpisodeState.fatal``)."""
+        return self._st.fatal
+
+    async def _call(
         self,
         messages: list[dict[str, Any]],
         tool_specs: list[dict[str, Any]] | None,

@@ -348,3 +348,80 @@ def test_two_node_graph(family: str) -> None:
     # The second node's prompt carries the first node's answer (Strands hands it over as its input).
     assert "Draft: 2 + 3" in template.decode(episode.trajectories[1].prompt_ids)
     check_token_exact(episode, policy)
+
+
+# -- a server failure is infra_error wherever it happens ---------------------------------------------
+class _FailingFor:
+    """A scripted backend that fails (HTTP 503) every call whose prompt names ``role`` or is call ``at``."""
+
+    def __init__(self, template: ChatTemplate, script: Any, *, role: str | None = None, at: int | None = None):
+        from agentboost.backends.scripted import ScriptedBackend
+
+        self.template, self.role, self.at, self.k = template, role, at, 0
+        self.inner = ScriptedBackend(lambda request, k: [*template.encode(script(k)), template.info.eot_token_id])
+
+    async def generate(self, request: Any) -> Any:
+        from agentboost.errors import BackendError
+
+        k, self.k = self.k, self.k + 1
+        if k == self.at or (self.role and f"ROLE={self.role}" in self.template.decode(request.prompt_ids)):
+            raise BackendError("HTTP 503 from the inference server")
+        return await self.inner.generate(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _run_direct(template: ChatTemplate, backend: Any, factory: Any, budget: Budget) -> Episode:
+    env = StrandsEnv({"prompt": "go"}, tools=[add], reward_fn=lambda t, e: 1.0)
+    return asyncio.run(run_episode(env, StrandsAgent(factory), backend, template, RolloutSettings(budget=budget)))
+
+
+def test_a_server_failure_after_the_window_trimmed_is_infra_error_not_max_tokens() -> None:
+    # Strands retries inside its except block after a context overflow: every later error carries the
+    # recovered overflow as its context, which read as max_tokens (trained on with reward 1)
+    template = template_for("qwen2.5")
+
+    def windowed(*, model, tools, task, **defaults):
+        return Agent(model=model, tools=tools, name="main", system_prompt="ROLE=main.", callback_handler=None,
+                     conversation_manager=SlidingWindowConversationManager(window_size=4))  # fmt: skip
+
+    budget = Budget(max_turns=30, max_total_tokens=600, min_call_tokens=40)
+    for at in (3, 15):  # before the first trim, and after one
+        backend = _FailingFor(template, lambda k: tool_call(template, "add", {"a": k, "b": 1}), at=at)
+        episode = _run_direct(template, backend, windowed, budget)
+        assert episode.termination is Termination.INFRA_ERROR and episode.masked, (at, episode.termination_detail)
+        assert "503" in episode.termination_detail
+    assert episode.num_trajectories >= 2  # the failure came after the window trimmed
+
+
+def test_a_server_failure_in_an_agent_used_as_a_tool_ends_the_episode_infra_error() -> None:
+    template = template_for("qwen2.5")
+    script = lambda k: tool_call(template, "helper", {"input": "add 2 and 3"}) if k == 0 else "The answer is 5."  # noqa: E731
+
+    def factory(*, model, tools, task, **defaults):
+        sub = Agent(model=model.sibling(), tools=[add], name="helper", system_prompt="ROLE=helper.",
+                    callback_handler=None)  # fmt: skip
+        return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt="ROLE=main.", **defaults)
+
+    episode = _run_direct(template, _FailingFor(template, script, role="helper"), factory, Budget(max_turns=10))
+    # (Strands made the helper's error the tool's result; the main agent would have answered "5")
+    assert episode.termination is Termination.INFRA_ERROR and episode.masked, episode.termination_detail
+    assert "503" in episode.termination_detail and episode.reward == 0.0
+
+
+def test_a_server_failure_in_a_swarm_node_ends_the_episode_infra_error() -> None:
+    from strands.multiagent import Swarm
+
+    template = template_for("qwen2.5")
+    handoff = {"agent_name": "solver", "message": "add 2 and 3"}
+    script = lambda k: tool_call(template, "handoff_to_agent", handoff) if k == 0 else "Handed off."  # noqa: E731
+
+    def factory(*, model, tools, task, **defaults):
+        plan = Agent(model=model, name="planner", system_prompt="ROLE=planner. Hand off.", **defaults)
+        solve = Agent(model=model, tools=[add], name="solver", system_prompt="ROLE=solver. Add.", **defaults)
+        return Swarm([plan, solve], entry_point=plan, max_handoffs=4, max_iterations=4)
+
+    episode = _run_direct(template, _FailingFor(template, script, role="solver"), factory, Budget(max_turns=10))
+    # (a failed node ends a Swarm with status FAILED and no exception: it read as max_turns, trained on)
+    assert episode.termination is Termination.INFRA_ERROR and episode.masked, episode.termination_detail
