@@ -145,6 +145,8 @@ class _EpisodeState:
     """The episode's moment for templates that print the date: every render of the episode uses it (set
     when the model is built, through this module's ``datetime``)."""
     pending_stop: EpisodeStop | None = None
+    lock: Any = field(default_factory=threading.RLock)
+    """Held while a call is prepared and while it is committed (never across an ``await``)."""
     fatal: AgentboostError | None = None
     """The first error a model call of the episode raised (a server failure, a divergence, a budget stop):
     what ends the episode, also where Strands turned it into a tool result (an agent used as a tool) or a
@@ -439,7 +441,8 @@ class TokenModel(Model):
         if remaining_s <= 0:
             raise EpisodeTimeout(f"wall-clock budget of {self.budget.wall_clock_s}s used up")
 
-        pending = self._prepare(messages, tool_specs, system, key, agent)
+        with st.lock:  # (agents a sync tool builds run their calls on other threads, on this same record)
+            pending = self._prepare(messages, tool_specs, system, key, agent)
         max_tokens = self._max_tokens(pending)
         request = GenerationRequest(
             prompt_ids=pending.prompt,
@@ -475,7 +478,8 @@ class TokenModel(Model):
         if result is None:
             return None, []
         self._validate(result, request)
-        call_index, parsed, truncated = self._commit(pending, request, result, latency)
+        with st.lock:
+            call_index, parsed, truncated = self._commit(pending, request, result, latency)
 
         events = self._events(
             call_index, parsed.reasoning, parsed.content, [] if truncated else parsed.calls, truncated

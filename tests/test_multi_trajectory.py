@@ -425,3 +425,67 @@ def test_a_server_failure_in_a_swarm_node_ends_the_episode_infra_error() -> None
     episode = _run_direct(template, _FailingFor(template, script, role="solver"), factory, Budget(max_turns=10))
     # (a failed node ends a Swarm with status FAILED and no exception: it read as max_turns, trained on)
     assert episode.termination is Termination.INFRA_ERROR and episode.masked, episode.termination_detail
+
+
+def test_agents_a_sync_tool_builds_record_their_calls_safely_beside_the_main_loops(monkeypatch) -> None:
+    # a sync @tool runs on a worker thread and Strands' sync Agent.__call__ on a loop of its own: their
+    # calls are prepared and committed on the same episode record as the main loop's agents
+    import collections
+    import time
+
+    from strands import tool as strands_tool
+
+    from agentboost.backends.base import GenerationResult
+
+    template = template_for("qwen2.5")
+    eot = template.info.eot_token_id
+    slow = Episode.commit_call
+
+    def commit_slowly(self, *args, **kwargs):
+        time.sleep(0.002)  # widens the window between reading the record and appending to it
+        return slow(self, *args, **kwargs)
+
+    monkeypatch.setattr(Episode, "commit_call", commit_slowly)
+
+    class Backend:
+        def __init__(self) -> None:
+            self.counts: collections.Counter[str] = collections.Counter()
+
+        async def generate(self, request):
+            role = re.search(r"ROLE=(\w+)", template.decode(request.prompt_ids[:40])).group(1)
+            k, self.counts[role] = self.counts[role], self.counts[role] + 1
+            if role == "main":
+                calls = [("helper", {"input": "x"}), ("research", {"q": "y"})]
+                out = calls_text(template.parser.name, calls) if k == 0 else "done"
+            else:
+                out = calls_text(template.parser.name, [("add", {"a": k, "b": 1})]) if k < 6 else "ok"
+            ids = [*template.encode(out), eot]
+            await asyncio.sleep(0)
+            return GenerationResult(token_ids=ids, finish_reason="stop", logprobs=[-0.1] * len(ids))
+
+    def factory(*, model, tools, task, **defaults):
+        helper = Agent(model=model.sibling(), tools=[add], name="helper", system_prompt="ROLE=helper.",
+                       callback_handler=None)  # fmt: skip
+
+        @strands_tool
+        def research(q: str) -> str:
+            """Research a question.
+
+            Args:
+                q: the question
+            """
+            sub = Agent(model=model.sibling(), tools=[add], name="research", system_prompt="ROLE=research.",
+                        callback_handler=None)  # fmt: skip
+            return str(sub("go"))
+
+        return Agent(model=model, tools=[helper.as_tool(), research], name="main", system_prompt="ROLE=main.",
+                     **defaults)  # fmt: skip
+
+    for _ in range(4):
+        env = StrandsEnv({"prompt": "go"}, tools=[add], reward_fn=lambda t, e: 1.0)
+        settings = RolloutSettings(budget=Budget(max_turns=100))
+        episode = asyncio.run(run_episode(env, StrandsAgent(factory), Backend(), template, settings))
+        assert episode.termination is Termination.COMPLETED, episode.termination_detail
+        assert len(episode.calls) == 16  # main 2, helper 7, research 7: none lost
+        episode.check_invariants()
+        assert sorted(i.agent for i in episode.trajectory_info) == ["helper", "main", "research"]
