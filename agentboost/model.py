@@ -80,6 +80,8 @@ AUX_AGENT = "aux"
 """The agent name of calls made without an agent (a conversation manager's summariser)."""
 _CANCEL_POLL_S = 0.2
 _STATE_KEY = "agentboost_conversation"
+AGENT_NAME_KEY = "agentboost_agent"
+"""Where an agent's ``model_state`` carries its name (the trajectory's ``agent``)."""
 """Where a TokenModel keeps an agent's conversation id in the ``model_state`` Strands keeps per agent."""
 
 _FORMAT_HINTS = {
@@ -929,8 +931,12 @@ def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[
     key = model_state.get(_STATE_KEY)
     if not isinstance(key, str):
         key = model_state[_STATE_KEY] = uuid.uuid4().hex
-    agent = invocation_state.get("agent") if isinstance(invocation_state, dict) else None
-    name = getattr(agent, "name", None)
+    name = model_state.get(AGENT_NAME_KEY)  # (written by StrandsAgent for the agents it records)
+    if not isinstance(name, str):
+        # an agent built at run time: the invocation's agent (a Graph shares one invocation state between
+        # its parallel nodes, each writing itself there: recorded agents carry their name instead)
+        agent = invocation_state.get("agent") if isinstance(invocation_state, dict) else None
+        name = getattr(agent, "name", None)
     return key, name if isinstance(name, str) and name else "agent"
 
 

@@ -489,3 +489,45 @@ def test_agents_a_sync_tool_builds_record_their_calls_safely_beside_the_main_loo
         assert len(episode.calls) == 16  # main 2, helper 7, research 7: none lost
         episode.check_invariants()
         assert sorted(i.agent for i in episode.trajectory_info) == ["helper", "main", "research"]
+
+
+def test_parallel_graph_nodes_keep_their_own_agent_names_and_role_rewards() -> None:
+    # a Graph hands its parallel nodes one invocation state, each node writing itself there: a node whose
+    # first call came after an await read the other node's name (and got its role reward)
+    from strands.hooks import BeforeModelCallEvent
+    from strands.multiagent import GraphBuilder
+
+    template = template_for("qwen2.5")
+    policy = Policy(template, {
+        "alpha": lambda k, t: tool_call(template, "add", {"a": 2, "b": 3}) if k == 0 else "alpha done",
+        "beta": lambda k, t: "beta done",
+    })  # fmt: skip
+
+    class Slow:
+        def register_hooks(self, registry, **kwargs):
+            async def wait(event):
+                await asyncio.sleep(0.2)
+
+            registry.add_callback(BeforeModelCallEvent, wait)
+
+    def factory(*, model, tools, task, **defaults):
+        a = Agent(model=model, tools=[add], name="alpha", system_prompt="ROLE=alpha.", hooks=[Slow()], **defaults)
+        b = Agent(model=model, name="beta", system_prompt="ROLE=beta.", **defaults)
+        builder = GraphBuilder()
+        builder.add_node(a, "alpha")
+        builder.add_node(b, "beta")
+        builder.set_entry_point("alpha")
+        builder.set_entry_point("beta")
+        return builder.build()
+
+    def reward(task: dict, episode: Episode) -> RewardOutput:
+        return RewardOutput(1.0, role_rewards={"alpha": 0.0})
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10), reward=reward)
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    for trajectory in episode.trajectories:
+        role = re.search(r"ROLE=(\w+)", template.decode(trajectory.prompt_ids)).group(1)
+        assert trajectory.info.agent == role, (trajectory.index, trajectory.info.agent, role)
+    assert sorted(len(t.calls) for t in episode.trajectories) == [1, 2]
+    assert episode.reward_of("alpha") == 0.0 and episode.reward_of("beta") == 1.0
+    check_token_exact(episode, policy)
