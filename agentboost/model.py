@@ -147,6 +147,8 @@ class _EpisodeState:
     """The episode's moment for templates that print the date: every render of the episode uses it (set
     when the model is built, through this module's ``datetime``)."""
     pending_stop: EpisodeStop | None = None
+    policy_sampling: SamplingParams | None = None
+    """The episode's own sampling (its first TokenModel's): what a trainer takes the samples to come from."""
     lock: Any = field(default_factory=threading.RLock)
     """Held while a call is prepared and while it is committed (never across an ``await``)."""
     fatal: AgentboostError | None = None
@@ -198,12 +200,16 @@ class TokenModel(Model):
             started_at=datetime.now(),
         )
         self.sampling = sampling or SamplingParams()
+        self._st.policy_sampling = self.sampling
         self.model_id = model_id
         self.hooks = TrajectoryHooks(self)
 
     def sibling(self, *, sampling: SamplingParams | None = None, model_id: str | None = None) -> TokenModel:
         """Another TokenModel of this episode (same backend, record, budgets and hooks) with its own
-        sampling settings: for a sub-agent that samples differently. Its calls are this episode's."""
+        sampling settings: for a sub-agent that samples differently. Its calls are this episode's; with
+        sampling other than the episode's (temperature, top-p/k, min-p, repetition penalty, log-probs) its
+        trajectories are recorded but not trained (``TrajectoryInfo.trained``): a trainer scores every row
+        at the policy's own temperature from its sampling log-probs."""
         twin = object.__new__(TokenModel)
         twin._st = self._st
         twin.sampling = sampling or self.sampling
@@ -535,12 +541,17 @@ class TokenModel(Model):
                                 system, tools, list(messages), agent)  # fmt: skip
         hf = system_message(system) + strands_to_hf(messages)
         new_ids = self.template.initial_prompt(hf, tools, now=st.started_at)
+        own = _samples_like(self.sampling, st.policy_sampling)
+        if not own:
+            detail = (f"{detail}; " if detail else "") + (
+                "sampled with other settings than the episode's (a sibling's): recorded, not trained"
+            )
         info = TrajectoryInfo(
             agent=agent,
             opened_by=reason,
             detail=detail,
             rerendered_tokens=len(new_ids) if conversation is not None else 0,
-            trained=st.train_aux_calls or agent != AUX_AGENT,
+            trained=own and (st.train_aux_calls or agent != AUX_AGENT),
         )
         if conversation is not None or st.episode.calls:
             logger.debug("episode %s: %s opens a new trajectory (%s%s)", st.episode.id, agent, reason,
@@ -920,6 +931,16 @@ def cap_tool_result(result: dict[str, Any], max_chars: int) -> dict[str, Any]:
         room -= len(text[:room])
     kept.append({"text": f"\n[... output truncated: {total - max_chars} more characters]"})
     return {**result, "content": kept}
+
+
+def _samples_like(sampling: SamplingParams, policy: SamplingParams | None) -> bool:
+    """Whether calls made with ``sampling`` sample the policy as the episode does: a trainer computes every
+    row's log-probs at one temperature and reads the sampling log-probs, so a call at another temperature,
+    top-p/top-k/min-p or repetition penalty, or without log-probs, is not its data."""
+    if policy is None:
+        return True
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "logprobs")
+    return all(getattr(sampling, k) == getattr(policy, k) for k in keys)
 
 
 def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[str, Any] | None) -> tuple[Any, str]:

@@ -531,3 +531,41 @@ def test_parallel_graph_nodes_keep_their_own_agent_names_and_role_rewards() -> N
     assert sorted(len(t.calls) for t in episode.trajectories) == [1, 2]
     assert episode.reward_of("alpha") == 0.0 and episode.reward_of("beta") == 1.0
     check_token_exact(episode, policy)
+
+
+def test_a_sibling_that_samples_differently_is_recorded_but_not_trained() -> None:
+    # a trainer scores every row at the policy's temperature from its sampling log-probs: a sub-agent's
+    # samples at another temperature (or without log-probs) are not its data
+    from agentboost.backends.base import GenerationResult
+    from agentboost.batch import episode_rows
+    from agentboost.types import SamplingParams
+
+    template = template_for("qwen2.5")
+
+    class Backend:
+        def __init__(self) -> None:
+            self.main = 0
+
+        async def generate(self, request):
+            if "ROLE=helper" in template.decode(request.prompt_ids):
+                text = "5"
+            else:
+                text = tool_call(template, "helper", {"input": "add 2 and 3"}) if self.main == 0 else "It is 5."
+                self.main += 1
+            ids = [*template.encode(text), template.info.eot_token_id]
+            return GenerationResult(token_ids=ids, finish_reason="stop", logprobs=[-0.1] * len(ids))
+
+    for sampling, trained in ((None, True), (SamplingParams(temperature=0.3), False),
+                              (SamplingParams(logprobs=False), False)):  # fmt: skip
+
+        def factory(*, model, tools, task, sampling=sampling, **defaults):
+            sub = Agent(model=model.sibling(sampling=sampling), tools=[add], name="helper",
+                        system_prompt="ROLE=helper.", callback_handler=None)  # fmt: skip
+            return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt="ROLE=main.", **defaults)
+
+        episode = _run_direct(template, Backend(), factory, Budget(max_turns=10))
+        assert episode.termination is Termination.COMPLETED, episode.termination_detail
+        helper = [t for t in episode.trajectories if t.info.agent == "helper"]
+        assert len(helper) == 1 and helper[0].info.trained is trained, helper[0].info
+        assert all(t.info.trained for t in episode.trajectories if t.info.agent == "main")
+        assert len(episode_rows(episode)) == (2 if trained else 1)

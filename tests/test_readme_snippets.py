@@ -155,7 +155,7 @@ def test_the_train_your_own_agent_commands_run_on_a_cpu(in_workdir, capsys) -> N
                         ["agentboost", "train"], ["agentboost", "export"], ["vllm", "serve"],
                         ["agentboost", "eval"]]  # fmt: skip
     install, download, rollout, train, export, serve, evaluate = (split_env(line)[1] for line in lines)
-    assert '.[openai]' in install  # the teacher's provider: installed here by the test extra
+    assert ".[openai]" in install  # the teacher's provider: installed here by the test extra
     pytest.importorskip("openai")
     model_dir = in_workdir / _flag(download, "--local-dir")
     save_tiny_model(model_dir)  # stands in for the download (no network)
