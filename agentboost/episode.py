@@ -389,6 +389,43 @@ class Episode(_TokenViews):
             return infos[trajectory].messages  # type: ignore[return-value]
         return self.messages if len(infos) <= 1 else []
 
+    def transcript(self, agent: str | None = None) -> list[dict[str, Any]]:
+        """Every message of ``agent``'s conversation (default: the episode's first agent) once, in the
+        order it happened: each call's response and the messages that came before it since the previous
+        response (tool results, user turns). ``Episode.messages`` is the agent's final history, which a
+        conversation manager may have trimmed or summarised; a reward that reads the whole conversation
+        (every tool call, every user turn) reads this. Summaries and re-rendered turns of a new
+        trajectory's prompt are not events of the conversation and are left out."""
+        infos = self.trajectory_info
+        if not self.calls or (len(infos) <= 1 and (not infos or infos[0].messages is None)):
+            return list(self.messages)
+        agent = agent if agent is not None else (infos[0].agent if infos else "")
+        out: list[dict[str, Any]] = []
+        previous: dict[str, Any] | None = None
+        for call in self.calls:
+            if infos and infos[call.trajectory].agent != agent:
+                continue
+            history = self.messages_of(call.trajectory)
+            if not 0 <= call.message_index < len(history):
+                continue
+            given = history[: call.message_index]
+            start = 0
+            if previous is not None:  # what came after the previous response (it is in a window or a summary's tail)
+                found = [i for i, m in enumerate(given) if _same_turn(m, previous)]
+                start = (
+                    found[-1] + 1
+                    if found
+                    else next((i + 1 for i in range(len(given) - 1, -1, -1) if given[i].get("role") == "assistant"), 0)
+                )
+            out.extend(given[start:])
+            previous = history[call.message_index]
+            out.append(previous)
+        if self.messages and previous is not None:  # what followed the last response (a last user turn)
+            found = [i for i, m in enumerate(self.messages) if _same_turn(m, previous)]
+            if found:
+                out.extend(self.messages[found[-1] + 1 :])
+        return out
+
     @property
     def final_text(self) -> str:
         """The text of the last assistant message (reasoning excluded), '' if none."""
@@ -546,6 +583,20 @@ class Episode(_TokenViews):
             "masked": self.masked,
             "wall_s": round(self.timings.get("wall_s", 0.0), 3),
         }
+
+
+def _same_turn(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two messages are the same turn: role, text and tool use/result ids (one may carry Strands'
+    metadata, or be agentboost's record of a response)."""
+
+    def key(message: dict[str, Any]) -> tuple[Any, ...]:
+        blocks = [x for x in message.get("content") or [] if isinstance(x, dict)]
+        text = "".join(x["text"] for x in blocks if isinstance(x.get("text"), str)).strip()
+        uses = [str(x["toolUse"].get("toolUseId")) for x in blocks if isinstance(x.get("toolUse"), dict)]
+        results = [str(x["toolResult"].get("toolUseId")) for x in blocks if isinstance(x.get("toolResult"), dict)]
+        return message.get("role"), text, uses, results
+
+    return key(a) == key(b)
 
 
 _BYTES_KEY = "__bytes_b64__"

@@ -59,6 +59,7 @@ from .chat.parsers import TOOL_NAME_RE, ParsedCall
 from .chat.template import ChatTemplate
 from .episode import Episode, ModelCall, Segment, SegmentKind, ToolStats, TrajectoryInfo
 from .errors import (
+    AgentboostError,
     BackendContextOverflow,
     BackendError,
     BackendTimeout,
@@ -79,6 +80,8 @@ AUX_AGENT = "aux"
 """The agent name of calls made without an agent (a conversation manager's summariser)."""
 _CANCEL_POLL_S = 0.2
 _STATE_KEY = "agentboost_conversation"
+AGENT_NAME_KEY = "agentboost_agent"
+"""Where an agent's ``model_state`` carries its name (the trajectory's ``agent``)."""
 """Where a TokenModel keeps an agent's conversation id in the ``model_state`` Strands keeps per agent."""
 
 _FORMAT_HINTS = {
@@ -144,6 +147,14 @@ class _EpisodeState:
     """The episode's moment for templates that print the date: every render of the episode uses it (set
     when the model is built, through this module's ``datetime``)."""
     pending_stop: EpisodeStop | None = None
+    policy_sampling: SamplingParams | None = None
+    """The episode's own sampling (its first TokenModel's): what a trainer takes the samples to come from."""
+    lock: Any = field(default_factory=threading.RLock)
+    """Held while a call is prepared and while it is committed (never across an ``await``)."""
+    fatal: AgentboostError | None = None
+    """The first error a model call of the episode raised (a server failure, a divergence, a budget stop):
+    what ends the episode, also where Strands turned it into a tool result (an agent used as a tool) or a
+    failed node (a Swarm); every later call raises it again."""
     synthetic_messages: int = 0
     model_time_s: float = 0.0
     server_busy_since: float = 0.0
@@ -189,12 +200,16 @@ class TokenModel(Model):
             started_at=datetime.now(),
         )
         self.sampling = sampling or SamplingParams()
+        self._st.policy_sampling = self.sampling
         self.model_id = model_id
         self.hooks = TrajectoryHooks(self)
 
     def sibling(self, *, sampling: SamplingParams | None = None, model_id: str | None = None) -> TokenModel:
         """Another TokenModel of this episode (same backend, record, budgets and hooks) with its own
-        sampling settings: for a sub-agent that samples differently. Its calls are this episode's."""
+        sampling settings: for a sub-agent that samples differently. Its calls are this episode's; with
+        sampling other than the episode's (temperature, top-p/k, min-p, repetition penalty, log-probs) its
+        trajectories are recorded but not trained (``TrajectoryInfo.trained``): a trainer scores every row
+        at the policy's own temperature from its sampling log-probs."""
         twin = object.__new__(TokenModel)
         twin._st = self._st
         twin.sampling = sampling or self.sampling
@@ -399,6 +414,31 @@ class TokenModel(Model):
         conversation: tuple[Any, str],
     ) -> tuple[GenerationResult | None, list[dict[str, Any]]]:
         st = self._st
+        if st.fatal is not None:
+            raise st.fatal
+        try:
+            return await self._call(messages, tool_specs, system, cancel_signal, conversation=conversation)
+        except AgentboostError as exc:
+            # (a prompt that does not fit is the agent's to reduce, or ends the episode where it is raised)
+            if st.fatal is None and not isinstance(exc, BackendContextOverflow | ContextOverflow):
+                st.fatal = exc
+            raise
+
+    @property
+    def fatal_error(self) -> AgentboostError | None:
+        """The error that ends this episode, raised by one of its model calls (see ``_EpisodeState.fatal``)."""
+        return self._st.fatal
+
+    async def _call(
+        self,
+        messages: list[dict[str, Any]],
+        tool_specs: list[dict[str, Any]] | None,
+        system: str | None,
+        cancel_signal: threading.Event | None,
+        *,
+        conversation: tuple[Any, str],
+    ) -> tuple[GenerationResult | None, list[dict[str, Any]]]:
+        st = self._st
         key, agent = conversation
         episode = st.episode
         if st.pending_stop is not None:
@@ -409,7 +449,8 @@ class TokenModel(Model):
         if remaining_s <= 0:
             raise EpisodeTimeout(f"wall-clock budget of {self.budget.wall_clock_s}s used up")
 
-        pending = self._prepare(messages, tool_specs, system, key, agent)
+        with st.lock:  # (agents a sync tool builds run their calls on other threads, on this same record)
+            pending = self._prepare(messages, tool_specs, system, key, agent)
         max_tokens = self._max_tokens(pending)
         request = GenerationRequest(
             prompt_ids=pending.prompt,
@@ -445,7 +486,8 @@ class TokenModel(Model):
         if result is None:
             return None, []
         self._validate(result, request)
-        call_index, parsed, truncated = self._commit(pending, request, result, latency)
+        with st.lock:
+            call_index, parsed, truncated = self._commit(pending, request, result, latency)
 
         events = self._events(
             call_index, parsed.reasoning, parsed.content, [] if truncated else parsed.calls, truncated
@@ -499,12 +541,17 @@ class TokenModel(Model):
                                 system, tools, list(messages), agent)  # fmt: skip
         hf = system_message(system) + strands_to_hf(messages)
         new_ids = self.template.initial_prompt(hf, tools, now=st.started_at)
+        own = _samples_like(self.sampling, st.policy_sampling)
+        if not own:
+            detail = (f"{detail}; " if detail else "") + (
+                "sampled with other settings than the episode's (a sibling's): recorded, not trained"
+            )
         info = TrajectoryInfo(
             agent=agent,
             opened_by=reason,
             detail=detail,
             rerendered_tokens=len(new_ids) if conversation is not None else 0,
-            trained=st.train_aux_calls or agent != AUX_AGENT,
+            trained=own and (st.train_aux_calls or agent != AUX_AGENT),
         )
         if conversation is not None or st.episode.calls:
             logger.debug("episode %s: %s opens a new trajectory (%s%s)", st.episode.id, agent, reason,
@@ -886,6 +933,16 @@ def cap_tool_result(result: dict[str, Any], max_chars: int) -> dict[str, Any]:
     return {**result, "content": kept}
 
 
+def _samples_like(sampling: SamplingParams, policy: SamplingParams | None) -> bool:
+    """Whether calls made with ``sampling`` sample the policy as the episode does: a trainer computes every
+    row's log-probs at one temperature and reads the sampling log-probs, so a call at another temperature,
+    top-p/top-k/min-p or repetition penalty, or without log-probs, is not its data."""
+    if policy is None:
+        return True
+    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "logprobs")
+    return all(getattr(sampling, k) == getattr(policy, k) for k in keys)
+
+
 def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[str, Any] | None) -> tuple[Any, str]:
     """(conversation key, agent name) of a call. Strands hands every model call the ``model_state`` of
     the agent making it (kept per agent, written back after a successful call): the key lives there. A
@@ -895,8 +952,12 @@ def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[
     key = model_state.get(_STATE_KEY)
     if not isinstance(key, str):
         key = model_state[_STATE_KEY] = uuid.uuid4().hex
-    agent = invocation_state.get("agent") if isinstance(invocation_state, dict) else None
-    name = getattr(agent, "name", None)
+    name = model_state.get(AGENT_NAME_KEY)  # (written by StrandsAgent for the agents it records)
+    if not isinstance(name, str):
+        # an agent built at run time: the invocation's agent (a Graph shares one invocation state between
+        # its parallel nodes, each writing itself there: recorded agents carry their name instead)
+        agent = invocation_state.get("agent") if isinstance(invocation_state, dict) else None
+        name = getattr(agent, "name", None)
     return key, name if isinstance(name, str) and name else "agent"
 
 

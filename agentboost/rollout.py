@@ -32,7 +32,7 @@ from .backends.base import GenerationBackend, describe_backend
 from .chat.template import ChatTemplate
 from .environments.strands_env import StrandsEnv
 from .episode import Episode
-from .errors import ContextWindowFull, termination_of
+from .errors import AgentboostError, ContextWindowFull, termination_of
 from .model import TokenModel
 from .types import DEFAULT_MASKED_TERMINATIONS, Budget, SamplingParams, Termination
 from .utils.clock import ChargedClock, run_charged
@@ -123,6 +123,11 @@ def _exception_termination(exc: BaseException, calls_made: int) -> tuple[Termina
             return (Termination.MAX_TOKENS if calls_made else Termination.CONTEXT_OVERFLOW), detail
         if isinstance(current, RecursionError):
             return Termination.INFRA_ERROR, "RecursionError in the Strands event loop (raise max recursion depth)"
+        if isinstance(current, AgentboostError):
+            # agentboost's own error ends the episode for what it is: an overflow further down the chain is
+            # one Strands already recovered from (it retries inside its ``except``, so every later error
+            # carries it as its context) - a server failure after a trim is infra_error, not max_tokens
+            return termination_of(current)
         current = current.__cause__ or current.__context__
     return termination_of(exc)
 
@@ -249,6 +254,13 @@ async def run_episode(
         termination, detail = _exception_termination(exc, len(episode.calls))
         if termination is Termination.INFRA_ERROR:
             logger.warning("episode %s failed: %s", episode.id, detail, exc_info=logger.isEnabledFor(logging.DEBUG))
+    fatal = getattr(model, "fatal_error", None)
+    if fatal is not None and (termination, detail) != termination_of(fatal):
+        # a model call failed where Strands kept going: an agent used as a tool (its error became a tool
+        # result), a Swarm node (a failed node ends the swarm without an exception)
+        termination, detail = termination_of(fatal)
+        logger.warning("episode %s: a model call failed (%s); the agents went on, the episode ends %s",
+                       episode.id, detail, termination.value)  # fmt: skip
     rollout_done = time.monotonic()
 
     if strands_agent is not None:

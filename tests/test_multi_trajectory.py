@@ -107,6 +107,20 @@ def check_prompts_render_history(episode: Episode, template: ChatTemplate, syste
         assert trajectory.prompt_ids == template.initial_prompt(hf, specs), f"trajectory {trajectory.index}"
 
 
+def check_transcript(episode: Episode, *, calls: int) -> None:
+    """The whole conversation, once, in order, although the final history lost its start: the task, then
+    every tool call followed by its result, then the answer (and no summary)."""
+    transcript = episode.transcript()
+    assert transcript[0]["role"] == "user" and transcript[0]["content"][0]["text"] == "go"
+    uses = [b["toolUse"] for m in transcript for b in m["content"] if "toolUse" in b]
+    results = [b["toolResult"] for m in transcript for b in m["content"] if "toolResult" in b]
+    assert [u["input"]["a"] for u in uses] == list(range(calls))
+    assert [r["toolUseId"] for r in results] == [u["toolUseId"] for u in uses]
+    assert not any("summary" in str(m) for m in transcript)
+    assert transcript[-1]["role"] == "assistant" and transcript[-1]["content"] == episode.messages[-1]["content"]
+    assert len(transcript) == 2 + 2 * calls
+
+
 def run(template: ChatTemplate, policy: Policy, factory: Any, *, budget: Budget, task: str = "go",
         reward: Any = None, settings: RolloutSettings | None = None) -> Episode:  # fmt: skip
     with FakeVLLMServer(policy, vocab_size=len(template.tokenizer)) as server:
@@ -144,6 +158,7 @@ def test_sliding_window_over_a_20_tool_call_episode(family: str) -> None:
         assert len(history) <= 4 + int(pin)
     check_token_exact(episode, policy)
     check_prompts_render_history(episode, template, {"main": system}, {"main": [add.tool_spec]})
+    check_transcript(episode, calls=20)
     # The record and its JSON agree, trajectories included.
     assert Episode.from_json(episode.to_json()).to_dict() == episode.to_dict()
 
@@ -189,6 +204,7 @@ def test_a_window_that_trims_only_after_the_last_call_keeps_one_trajectory_and_i
     assert len(episode.messages) <= 4 and episode.final_text == "3"  # trimmed after the last call
     history = episode.messages_of(0)
     assert len(history) == 8 and history[0]["content"][0]["text"] == "go"
+    check_transcript(episode, calls=3)
     check_token_exact(episode, policy)
     check_prompts_render_history(episode, template, {"main": "ROLE=main."}, {"main": [add.tool_spec]})
 
@@ -219,6 +235,7 @@ def test_summarising_manager_with_the_policy_as_summariser(family: str, train_au
     episode = run(template, policy, factory, budget=budget, settings=settings)
     assert episode.termination is Termination.COMPLETED, episode.termination_detail
     assert episode.final_text.strip() == "12"
+    check_transcript(episode, calls=12)
     agents = [info.agent for info in episode.trajectory_info]
     assert "aux" in agents and agents[0] == "main"
     for trajectory in episode.trajectories:
@@ -331,3 +348,224 @@ def test_two_node_graph(family: str) -> None:
     # The second node's prompt carries the first node's answer (Strands hands it over as its input).
     assert "Draft: 2 + 3" in template.decode(episode.trajectories[1].prompt_ids)
     check_token_exact(episode, policy)
+
+
+# -- a server failure is infra_error wherever it happens ---------------------------------------------
+class _FailingFor:
+    """A scripted backend that fails (HTTP 503) every call whose prompt names ``role`` or is call ``at``."""
+
+    def __init__(self, template: ChatTemplate, script: Any, *, role: str | None = None, at: int | None = None):
+        from agentboost.backends.scripted import ScriptedBackend
+
+        self.template, self.role, self.at, self.k = template, role, at, 0
+        self.inner = ScriptedBackend(lambda request, k: [*template.encode(script(k)), template.info.eot_token_id])
+
+    async def generate(self, request: Any) -> Any:
+        from agentboost.errors import BackendError
+
+        k, self.k = self.k, self.k + 1
+        if k == self.at or (self.role and f"ROLE={self.role}" in self.template.decode(request.prompt_ids)):
+            raise BackendError("HTTP 503 from the inference server")
+        return await self.inner.generate(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _run_direct(template: ChatTemplate, backend: Any, factory: Any, budget: Budget) -> Episode:
+    env = StrandsEnv({"prompt": "go"}, tools=[add], reward_fn=lambda t, e: 1.0)
+    return asyncio.run(run_episode(env, StrandsAgent(factory), backend, template, RolloutSettings(budget=budget)))
+
+
+def test_a_server_failure_after_the_window_trimmed_is_infra_error_not_max_tokens() -> None:
+    # Strands retries inside its except block after a context overflow: every later error carries the
+    # recovered overflow as its context, which read as max_tokens (trained on with reward 1)
+    template = template_for("qwen2.5")
+
+    def windowed(*, model, tools, task, **defaults):
+        return Agent(model=model, tools=tools, name="main", system_prompt="ROLE=main.", callback_handler=None,
+                     conversation_manager=SlidingWindowConversationManager(window_size=4))  # fmt: skip
+
+    budget = Budget(max_turns=30, max_total_tokens=600, min_call_tokens=40)
+    for at in (3, 15):  # before the first trim, and after one
+        backend = _FailingFor(template, lambda k: tool_call(template, "add", {"a": k, "b": 1}), at=at)
+        episode = _run_direct(template, backend, windowed, budget)
+        assert episode.termination is Termination.INFRA_ERROR and episode.masked, (at, episode.termination_detail)
+        assert "503" in episode.termination_detail
+    assert episode.num_trajectories >= 2  # the failure came after the window trimmed
+
+
+def test_a_server_failure_in_an_agent_used_as_a_tool_ends_the_episode_infra_error() -> None:
+    template = template_for("qwen2.5")
+    script = lambda k: tool_call(template, "helper", {"input": "add 2 and 3"}) if k == 0 else "The answer is 5."  # noqa: E731
+
+    def factory(*, model, tools, task, **defaults):
+        sub = Agent(model=model.sibling(), tools=[add], name="helper", system_prompt="ROLE=helper.",
+                    callback_handler=None)  # fmt: skip
+        return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt="ROLE=main.", **defaults)
+
+    episode = _run_direct(template, _FailingFor(template, script, role="helper"), factory, Budget(max_turns=10))
+    # (Strands made the helper's error the tool's result; the main agent would have answered "5")
+    assert episode.termination is Termination.INFRA_ERROR and episode.masked, episode.termination_detail
+    assert "503" in episode.termination_detail and episode.reward == 0.0
+
+
+def test_a_server_failure_in_a_swarm_node_ends_the_episode_infra_error() -> None:
+    from strands.multiagent import Swarm
+
+    template = template_for("qwen2.5")
+    handoff = {"agent_name": "solver", "message": "add 2 and 3"}
+    script = lambda k: tool_call(template, "handoff_to_agent", handoff) if k == 0 else "Handed off."  # noqa: E731
+
+    def factory(*, model, tools, task, **defaults):
+        plan = Agent(model=model, name="planner", system_prompt="ROLE=planner. Hand off.", **defaults)
+        solve = Agent(model=model, tools=[add], name="solver", system_prompt="ROLE=solver. Add.", **defaults)
+        return Swarm([plan, solve], entry_point=plan, max_handoffs=4, max_iterations=4)
+
+    episode = _run_direct(template, _FailingFor(template, script, role="solver"), factory, Budget(max_turns=10))
+    # (a failed node ends a Swarm with status FAILED and no exception: it read as max_turns, trained on)
+    assert episode.termination is Termination.INFRA_ERROR and episode.masked, episode.termination_detail
+
+
+def test_agents_a_sync_tool_builds_record_their_calls_safely_beside_the_main_loops(monkeypatch) -> None:
+    # a sync @tool runs on a worker thread and Strands' sync Agent.__call__ on a loop of its own: their
+    # calls are prepared and committed on the same episode record as the main loop's agents
+    import collections
+    import time
+
+    from strands import tool as strands_tool
+
+    from agentboost.backends.base import GenerationResult
+
+    template = template_for("qwen2.5")
+    eot = template.info.eot_token_id
+    slow = Episode.commit_call
+
+    def commit_slowly(self, *args, **kwargs):
+        time.sleep(0.002)  # widens the window between reading the record and appending to it
+        return slow(self, *args, **kwargs)
+
+    monkeypatch.setattr(Episode, "commit_call", commit_slowly)
+
+    class Backend:
+        def __init__(self) -> None:
+            self.counts: collections.Counter[str] = collections.Counter()
+
+        async def generate(self, request):
+            role = re.search(r"ROLE=(\w+)", template.decode(request.prompt_ids[:40])).group(1)
+            k, self.counts[role] = self.counts[role], self.counts[role] + 1
+            if role == "main":
+                calls = [("helper", {"input": "x"}), ("research", {"q": "y"})]
+                out = calls_text(template.parser.name, calls) if k == 0 else "done"
+            else:
+                out = calls_text(template.parser.name, [("add", {"a": k, "b": 1})]) if k < 6 else "ok"
+            ids = [*template.encode(out), eot]
+            await asyncio.sleep(0)
+            return GenerationResult(token_ids=ids, finish_reason="stop", logprobs=[-0.1] * len(ids))
+
+    def factory(*, model, tools, task, **defaults):
+        helper = Agent(model=model.sibling(), tools=[add], name="helper", system_prompt="ROLE=helper.",
+                       callback_handler=None)  # fmt: skip
+
+        @strands_tool
+        def research(q: str) -> str:
+            """Research a question.
+
+            Args:
+                q: the question
+            """
+            sub = Agent(model=model.sibling(), tools=[add], name="research", system_prompt="ROLE=research.",
+                        callback_handler=None)  # fmt: skip
+            return str(sub("go"))
+
+        return Agent(model=model, tools=[helper.as_tool(), research], name="main", system_prompt="ROLE=main.",
+                     **defaults)  # fmt: skip
+
+    for _ in range(4):
+        env = StrandsEnv({"prompt": "go"}, tools=[add], reward_fn=lambda t, e: 1.0)
+        settings = RolloutSettings(budget=Budget(max_turns=100))
+        episode = asyncio.run(run_episode(env, StrandsAgent(factory), Backend(), template, settings))
+        assert episode.termination is Termination.COMPLETED, episode.termination_detail
+        assert len(episode.calls) == 16  # main 2, helper 7, research 7: none lost
+        episode.check_invariants()
+        assert sorted(i.agent for i in episode.trajectory_info) == ["helper", "main", "research"]
+
+
+def test_parallel_graph_nodes_keep_their_own_agent_names_and_role_rewards() -> None:
+    # a Graph hands its parallel nodes one invocation state, each node writing itself there: a node whose
+    # first call came after an await read the other node's name (and got its role reward)
+    from strands.hooks import BeforeModelCallEvent
+    from strands.multiagent import GraphBuilder
+
+    template = template_for("qwen2.5")
+    policy = Policy(template, {
+        "alpha": lambda k, t: tool_call(template, "add", {"a": 2, "b": 3}) if k == 0 else "alpha done",
+        "beta": lambda k, t: "beta done",
+    })  # fmt: skip
+
+    class Slow:
+        def register_hooks(self, registry, **kwargs):
+            async def wait(event):
+                await asyncio.sleep(0.2)
+
+            registry.add_callback(BeforeModelCallEvent, wait)
+
+    def factory(*, model, tools, task, **defaults):
+        a = Agent(model=model, tools=[add], name="alpha", system_prompt="ROLE=alpha.", hooks=[Slow()], **defaults)
+        b = Agent(model=model, name="beta", system_prompt="ROLE=beta.", **defaults)
+        builder = GraphBuilder()
+        builder.add_node(a, "alpha")
+        builder.add_node(b, "beta")
+        builder.set_entry_point("alpha")
+        builder.set_entry_point("beta")
+        return builder.build()
+
+    def reward(task: dict, episode: Episode) -> RewardOutput:
+        return RewardOutput(1.0, role_rewards={"alpha": 0.0})
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10), reward=reward)
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    for trajectory in episode.trajectories:
+        role = re.search(r"ROLE=(\w+)", template.decode(trajectory.prompt_ids)).group(1)
+        assert trajectory.info.agent == role, (trajectory.index, trajectory.info.agent, role)
+    assert sorted(len(t.calls) for t in episode.trajectories) == [1, 2]
+    assert episode.reward_of("alpha") == 0.0 and episode.reward_of("beta") == 1.0
+    check_token_exact(episode, policy)
+
+
+def test_a_sibling_that_samples_differently_is_recorded_but_not_trained() -> None:
+    # a trainer scores every row at the policy's temperature from its sampling log-probs: a sub-agent's
+    # samples at another temperature (or without log-probs) are not its data
+    from agentboost.backends.base import GenerationResult
+    from agentboost.batch import episode_rows
+    from agentboost.types import SamplingParams
+
+    template = template_for("qwen2.5")
+
+    class Backend:
+        def __init__(self) -> None:
+            self.main = 0
+
+        async def generate(self, request):
+            if "ROLE=helper" in template.decode(request.prompt_ids):
+                text = "5"
+            else:
+                text = tool_call(template, "helper", {"input": "add 2 and 3"}) if self.main == 0 else "It is 5."
+                self.main += 1
+            ids = [*template.encode(text), template.info.eot_token_id]
+            return GenerationResult(token_ids=ids, finish_reason="stop", logprobs=[-0.1] * len(ids))
+
+    for sampling, trained in ((None, True), (SamplingParams(temperature=0.3), False),
+                              (SamplingParams(logprobs=False), False)):  # fmt: skip
+
+        def factory(*, model, tools, task, sampling=sampling, **defaults):
+            sub = Agent(model=model.sibling(sampling=sampling), tools=[add], name="helper",
+                        system_prompt="ROLE=helper.", callback_handler=None)  # fmt: skip
+            return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt="ROLE=main.", **defaults)
+
+        episode = _run_direct(template, Backend(), factory, Budget(max_turns=10))
+        assert episode.termination is Termination.COMPLETED, episode.termination_detail
+        helper = [t for t in episode.trajectories if t.info.agent == "helper"]
+        assert len(helper) == 1 and helper[0].info.trained is trained, helper[0].info
+        assert all(t.info.trained for t in episode.trajectories if t.info.agent == "main")
+        assert len(episode_rows(episode)) == (2 if trained else 1)

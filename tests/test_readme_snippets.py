@@ -151,9 +151,12 @@ def test_the_train_your_own_agent_commands_run_on_a_cpu(in_workdir, capsys) -> N
 
     lines = commands(snippets()["train-cpu"])
     programs = [split_env(line)[1][:2] for line in lines]
-    assert programs == [["huggingface-cli", "download"], ["agentboost", "rollout"], ["agentboost", "train"],
-                        ["agentboost", "export"], ["vllm", "serve"], ["agentboost", "eval"]]  # fmt: skip
-    download, rollout, train, export, serve, evaluate = (split_env(line)[1] for line in lines)
+    assert programs == [["pip", "install"], ["huggingface-cli", "download"], ["agentboost", "rollout"],
+                        ["agentboost", "train"], ["agentboost", "export"], ["vllm", "serve"],
+                        ["agentboost", "eval"]]  # fmt: skip
+    install, download, rollout, train, export, serve, evaluate = (split_env(line)[1] for line in lines)
+    assert ".[openai]" in install  # the teacher's provider: installed here by the test extra
+    pytest.importorskip("openai")
     model_dir = in_workdir / _flag(download, "--local-dir")
     save_tiny_model(model_dir)  # stands in for the download (no network)
     assert _flag(train, "--model") == _flag(download, "--local-dir")

@@ -151,7 +151,7 @@ def test_a_run_with_many_busy_processes_gets_the_cpu_of_one_run() -> None:
     assert len(many.split()) == 8 and float(one) >= 2.5 * per_process, (many, one)
 
 
-def test_each_run_gets_a_group_of_its_own_with_the_configured_limits_and_it_is_removed() -> None:
+def test_each_run_gets_a_group_of_its_own_with_the_configured_limits_and_they_are_removed_on_close() -> None:
     box = Sandbox(SandboxConfig(wall_s=30, memory_mb=200, max_processes=20, cpus=0.5))
     try:
         iso = box.isolation()
@@ -179,7 +179,48 @@ def test_each_run_gets_a_group_of_its_own_with_the_configured_limits_and_it_is_r
     for limits in busy:
         assert limits["memory"] == str(200 * 1024 * 1024) and limits["pids"] == "24", limits
         assert limits["cpu"] in ("50000", "50000 100000"), limits
-    assert len(left) <= 4  # only the groups made ahead for the next runs
+    assert len(left) == 2  # kept, empty, for the next runs
+    assert not any(os.path.exists(p) for p in hierarchy.parents.values())  # closed: all of it removed
+
+
+def test_a_runs_group_is_reused_once_empty_and_never_while_a_process_is_in_it() -> None:
+    import subprocess
+
+    from agentboost.sandbox.workdir import janitor
+
+    box = Sandbox(SandboxConfig(wall_s=30))
+    try:
+        iso = box.isolation()
+        if iso.get("cgroup") is False:
+            pytest.skip(f"no cgroup for runs here ({iso['cgroup_setup']})")
+        cgroups = box._cgroups
+        parent = next(iter(cgroups.hierarchy.parents.values()))
+
+        def groups() -> set[str]:
+            assert janitor().flush()
+            return {d for d in os.listdir(parent) if d.startswith("run-")}
+
+        assert box.run_sync("print(1)").stdout == "1\n"
+        first = groups()
+        for _ in range(3):
+            assert box.run_sync("print(2)").stdout == "2\n"
+        assert groups() == first and len(first) == 1  # one group, reused run after run
+
+        group = cgroups.take()
+        assert group.name in first and group.empty()
+        sleeper = subprocess.Popen(["sleep", "30"])
+        try:
+            for directory in group.dirs:
+                Path(directory, "cgroup.procs").write_text(str(sleeper.pid))
+            assert not group.empty() and not cgroups.give_back(group)  # busy: not taken back
+            assert cgroups.take().name != group.name  # a new one instead
+        finally:
+            sleeper.kill()
+            sleeper.wait()
+        assert group.empty() and cgroups.give_back(group)
+        assert cgroups.take() is group
+    finally:
+        box.close()
 
 
 def _limits_of(hierarchy, box: Sandbox) -> list[dict[str, str]]:

@@ -15,6 +15,7 @@ from agentboost.batch import episodes_to_batch  # noqa: E402
 from agentboost.chat.template import ChatTemplate  # noqa: E402
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
 from agentboost.quickstart import ENV, QuickstartConfig, _build_model, demo_turns  # noqa: E402
+from agentboost.tools.calculator import evaluate  # noqa: E402
 from agentboost.train import logprobs as logprobs_module  # noqa: E402
 from agentboost.train.logprobs import response_logprobs, shared_prefix_length  # noqa: E402
 from agentboost.train.sft import demonstration_episodes  # noqa: E402
@@ -59,6 +60,38 @@ def test_shared_prefix_gives_the_full_forwards_logprobs_and_gradients(setup) -> 
         logprobs_module._shared_prefix_forward = original
     assert logprobs_module._SHARES_PREFIX[shared_model] is True
     assert k in calls, "the shared path was taken for the checked model"
+    assert torch.allclose(shared_values, full_values, atol=1e-5)
+    for name, grad in full_grads.items():
+        assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_rows_of_different_prompt_lengths_share_their_prefix_with_the_full_forwards_results(setup) -> None:
+    # prompts are left-padded: "What is 7*8?" and "What is 714*86?" put the same system prompt at other
+    # columns; realigned, they share it (the quickstart's warm start draws such expressions)
+    model, tokenizer, _ = setup
+    template = ChatTemplate(tokenizer)
+    expressions = ["7*8", "714*86", "12+345", "9-3", "88*7", "123-45"]
+    rows = [{"task_id": f"t{i}", "prompt": f"What is {e}?", "expression": e, "answer": str(evaluate(e))}
+            for i, e in enumerate(expressions)]  # fmt: skip
+    episodes = demonstration_episodes(rows, demo_turns(verbose=False), template, env=ENV, agent=AGENT)
+    batch = episodes_to_batch(episodes, pad_token_id=tokenizer.pad_token_id)
+    starts = batch.attention_mask.argmax(dim=1)
+    assert len(set(starts.tolist())) > 1, "prompts of several lengths"
+    k = shared_prefix_length(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_length)
+    assert k > 100
+    shared_model, full_model = copy.deepcopy(model), copy.deepcopy(model)
+    logprobs_module._SHARES_PREFIX[full_model] = False
+    shared_model.train()
+    full_model.train()
+    calls = []
+    original = logprobs_module._shared_prefix_forward
+    logprobs_module._shared_prefix_forward = lambda *a, **kw: calls.append(a[-1]) or original(*a, **kw)
+    try:
+        shared_values, shared_grads = _loss_and_grads(shared_model, batch)
+        full_values, full_grads = _loss_and_grads(full_model, batch)
+    finally:
+        logprobs_module._shared_prefix_forward = original
+    assert logprobs_module._SHARES_PREFIX[shared_model] is True and k in calls
     assert torch.allclose(shared_values, full_values, atol=1e-5)
     for name, grad in full_grads.items():
         assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name

@@ -127,3 +127,20 @@ def test_distilled_episodes_never_reach_a_grpo_batch(tmp_path, model_dir, monkey
     assert summary["warm_start"]["sources"]["distilled"] == 8 and summary["warm_start"]["steps"] == 3
     assert len(batches) == 2 and all(len(b) == 4 for b in batches)
     assert not [e for b in batches for e in b if DISTILLATION in e.metadata or e.id.startswith("distilled:")]
+
+
+def test_episodes_of_several_trajectories_are_used_as_they_are(tmp_path, model_dir, template) -> None:
+    """A sliding-window agent's rollouts are two trajectories each (the final history no longer holds the
+    calculator call): used token for token, every trajectory a warm-start row."""
+    from agentboost.batch import episodes_to_batch
+
+    out = tmp_path / "windowed"
+    code = main(["rollout", "--example", "arithmetic", "--limit", "4", "--n", "2", "--backend", INSTANT,
+                 "--tokenizer", str(model_dir), "--agent", "agentboost.environments.arithmetic:windowed_agent",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0
+    rows = make_tasks(4, seed=0, split="rollout")
+    data = _build([out / "episodes.jsonl"], template, rows)
+    assert data.sources["token_exact"] == 8 and data.sources["distilled"] == 0, data.sources
+    assert all(e.num_trajectories == 2 for e in data.episodes)
+    assert len(episodes_to_batch(data.episodes, pad_token_id=0)) == 16

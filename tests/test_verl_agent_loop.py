@@ -501,6 +501,14 @@ def test_budget_comes_from_the_servers_effective_context(tmp_path, qwen25_templa
     assert verl_agent_loop.StrandsRowRunner(config, qwen25_template.tokenizer, options).budget.max_total_tokens == 400
 
 
+def test_train_aux_calls_reaches_the_episodes_settings(qwen25_template) -> None:
+    config = fv.trainer_config()
+    for value in (True, False):
+        options = verl_agent_loop.StrandsLoopOptions.from_mapping({"env_class": ENV, "train_aux_calls": value})
+        runner = verl_agent_loop.StrandsRowRunner(config, qwen25_template.tokenizer, options)
+        assert runner.settings(SamplingParams()).train_aux_calls is value
+
+
 # -- episodes of several trajectories (README, "Agents that rewrite their history") ------------------------
 WINDOWED = {"agent_args": {"agent_factory": "agentboost.environments.arithmetic:windowed_agent"}}
 

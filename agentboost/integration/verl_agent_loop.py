@@ -133,6 +133,8 @@ class StrandsLoopOptions:
     """Model calls per episode (default: ``rollout.multi_turn.max_assistant_turns``, else 16)."""
     wall_clock_s: float = DEFAULT_EPISODE_TIMEOUT_S
     mask_truncated: bool = False
+    train_aux_calls: bool = True
+    """Train the calls made without an agent (a summariser calling the model): :class:`RolloutSettings`."""
     masked_terminations: tuple[str, ...] | None = None
     tool_parser: str | None = None
     request_timeout_s: float = 1800.0
@@ -345,6 +347,7 @@ class StrandsRowRunner:
             "sampling": sampling.to_dict(),
             "budget": self.budget.to_dict(),
             "mask_truncated": self.options.mask_truncated,
+            "train_aux_calls": self.options.train_aux_calls,
         }
         if self.options.masked_terminations is not None:
             data["masked_terminations"] = list(self.options.masked_terminations)

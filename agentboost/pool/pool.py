@@ -46,6 +46,7 @@ from typing import Any
 from ..episode import Episode
 from ..runs import EpisodeSpec, failed_episode
 from ..types import Budget, Termination
+from ..utils.clock import wall_cap
 from . import procs, wire
 from .worker import EXIT_PROTOCOL, EXIT_START_FAILED, worker_main
 
@@ -387,7 +388,8 @@ class StrandsProcessPool:
             now = time.monotonic()
             try:
                 budget = Budget.from_dict((spec.settings or {}).get("budget"))
-                deadline = now + budget.wall_clock_s + budget.reward_timeout_s + self.config.deadline_grace_s
+                # The reward's budget is charged time: waiting for sandbox slots is not, up to its clock's cap.
+                deadline = now + budget.wall_clock_s + wall_cap(budget.reward_timeout_s) + self.config.deadline_grace_s
                 frame = wire.encode(["run", spec.to_dict()], max_frame=self._max_frame)
             except Exception as exc:  # not plain data: this episode's failure, not the worker's
                 detail = f"the episode spec cannot be sent to a worker: {type(exc).__name__}: {exc}"

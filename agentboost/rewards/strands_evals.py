@@ -274,9 +274,10 @@ class _DataBuilder:
         from strands_evals.types.evaluation import EvaluationData
 
         episode, task = self.episode, self.task
-        trajectory: Any = episode_session(episode, self.tools) if traced else tool_names(episode.messages)
+        history = episode.transcript()  # the whole conversation, also where a window trimmed it
+        trajectory: Any = episode_session(episode, self.tools) if traced else tool_names(history)
         return EvaluationData(
-            input=_first_user_text(episode.messages) or _task_prompt(task),
+            input=_first_user_text(history) or _task_prompt(task),
             actual_output=final_answer_text(episode),
             name=episode.task_id,
             expected_output=task.get(self.expected_output_key),
@@ -313,12 +314,13 @@ def episode_session(episode: Episode, tools: Sequence[Any] | None = None) -> Any
                             parameters=(spec.get("inputSchema") or {}).get("json"))
                  for spec in _tool_specs(tools)]  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
-    for message in episode.messages:
+    history = episode.transcript()
+    for message in history:
         for block in _blocks(message):
             if "toolResult" in block:
                 results[str(block["toolResult"].get("toolUseId"))] = block["toolResult"]
     turns: list[dict[str, Any]] = []
-    for message in episode.messages:
+    for message in history:
         texts = [b["text"] for b in _blocks(message) if "text" in b]
         if message.get("role") == "user" and texts:
             turns.append({"prompt": "".join(texts), "answer": "", "calls": []})

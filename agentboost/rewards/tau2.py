@@ -70,7 +70,7 @@ def conversation(episode: Episode, records: list[ToolRecord], *, greeting: str |
     """
     order = {r.call_id: i for i, r in enumerate(records)}
     turns: list[Turn] = [Turn("assistant", greeting, [])] if greeting else []
-    for message in episode.messages:
+    for message in episode.transcript():  # the whole conversation, also where a window trimmed it
         role = message.get("role")
         blocks = [b for b in message.get("content", []) if isinstance(b, dict)]
         text = "".join(b["text"] for b in blocks if isinstance(b.get("text"), str))

@@ -50,7 +50,6 @@ import sys
 sys.path_importer_cache.pop(__file__, None)  # the interpreter's entry for this script, not the program's
 _BASELINE = (frozenset(sys.modules), tuple(sys.path), frozenset(sys.path_importer_cache))
 
-import ctypes
 import marshal
 import os
 import select
@@ -81,7 +80,7 @@ from _runner import enter, finish, run  # inlined here by the host
 
 _MAX_FRAME = 1 << 30
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
-_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_prctl = _libc.prctl
 TIMED_OUT, OUT_CUT, ERR_CUT, SETUP_FAILED = 1, 2, 4, 8
 _SETUP_STATUS = 71
 

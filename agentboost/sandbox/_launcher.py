@@ -5,7 +5,8 @@ Stdlib only and cheap to start (``marshal``, not ``json``: importing ``json`` al
 rest of the launcher). It runs before anything untrusted and must not import agentboost. All setup is in
 :func:`prepare`, which also works in a freshly forked child (a pre-forked zygote). In order:
 
-0. into the run's own cgroups (``cgroup``: it writes ``0`` to each ``cgroup.procs``), so every process of
+0. into the run's own cgroups (``cgroup``: it writes ``0`` to each file listed there, the v1 ``tasks``
+   file or the v2 ``cgroup.procs``; it is single-threaded, so either moves all of it), so every process of
    the run counts against the run's memory, process and CPU limits; a new session keyring of its own (the
    trainer's, with its tokens, is out of reach from here on);
 1. new network, mount, PID, IPC and UTS namespaces, in one ``unshare``: directly as root, else inside a new
@@ -44,7 +45,7 @@ so the caller can report which isolation is active.
 
 # ruff: noqa: SIM105 - no contextlib here: the launcher imports as little as it can
 
-import ctypes
+import _ctypes
 import marshal
 import os
 import resource
@@ -84,24 +85,69 @@ HOSTNAME = b"sandbox"
 PRIVATE_DIRS = ("/tmp/", "/dev/shm/")
 """Host paths under these lie inside the fresh root's private tmpfs mounts (workdir, a venv in /tmp)."""
 
-_libc = ctypes.CDLL(None, use_errno=True)
+
+# The C types and calls used here, straight from ``_ctypes`` (what ``ctypes`` is built on): importing the
+# ``ctypes`` package itself costs about 3 ms of CPU, a quarter of a zygote's start.
+class _CInt(_ctypes._SimpleCData):
+    _type_ = "i"
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class _CLong(_ctypes._SimpleCData):
+    _type_ = "l"
 
 
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+class _CULong(_ctypes._SimpleCData):
+    _type_ = "L"
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64), ("propagation", ctypes.c_uint64),
-                ("userns_fd", ctypes.c_uint64)]  # fmt: skip
+class _CUInt32(_ctypes._SimpleCData):
+    _type_ = "I"
 
 
-_libc.signal.argtypes, _libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
-_libc.syscall.restype = ctypes.c_long
+class _CUInt64(_ctypes._SimpleCData):
+    _type_ = "Q"
+
+
+class _CVoidP(_ctypes._SimpleCData):
+    _type_ = "P"
+
+
+class _CFunction(_ctypes.CFuncPtr):
+    """A C library function: ``int f(...)``, arguments converted as ``ctypes`` does, ``errno`` kept."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _CInt
+
+
+class _Library:
+    """The functions of this process's C library (``ctypes.CDLL(None, use_errno=True)``)."""
+
+    def __init__(self):
+        self._handle = _ctypes.dlopen(None, 0)
+
+    def __getattr__(self, name):
+        function = _CFunction((name, self))
+        setattr(self, name, function)
+        return function
+
+
+_libc = _Library()
+
+
+class _CapHeader(_ctypes.Structure):
+    _fields_ = (("version", _CUInt32), ("pid", _CInt))
+
+
+class _CapData(_ctypes.Structure):
+    _fields_ = (("effective", _CUInt32), ("permitted", _CUInt32), ("inheritable", _CUInt32))
+
+
+class _MountAttr(_ctypes.Structure):
+    _fields_ = (("attr_set", _CUInt64), ("attr_clr", _CUInt64), ("propagation", _CUInt64), ("userns_fd", _CUInt64))
+
+
+_libc.signal.argtypes, _libc.signal.restype = [_CInt, _CVoidP], _CVoidP
+_libc.syscall.restype = _CLong
 
 
 def _note(what):
@@ -110,7 +156,7 @@ def _note(what):
 
 def _check(result, what):
     if result != 0:
-        errno = ctypes.get_errno()
+        errno = _ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
@@ -120,12 +166,16 @@ def _unshare(flags):
 
 def _mount(source, target, fstype, flags, data):
     enc = [None if x is None else x.encode() for x in (source, target, fstype, data)]
-    _check(_libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {target}")
+    _check(_libc.mount(enc[0], enc[1], enc[2], _CULong(flags), enc[3]), f"mount {target}")
 
 
 def _write(path, text):
-    with open(path, "w") as fh:
-        fh.write(text)
+    """Write ``text`` to an existing file in one ``write`` (no file object: fewer pages of the zygote touched)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)  # as open(path, "w")
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _user_namespace(flags):
@@ -140,9 +190,9 @@ def _keyctl(*args):
     number = KEYCTL.get(os.uname().machine)
     if number is None:
         raise OSError(38, "keyctl: unknown system call number on this architecture")
-    result = _libc.syscall(ctypes.c_long(number), *(ctypes.c_long(a) for a in args))
+    result = _libc.syscall(_CLong(number), *(_CLong(a) for a in args))
     if result < 0:
-        errno = ctypes.get_errno()
+        errno = _ctypes.get_errno()
         raise OSError(errno, f"keyctl: {os.strerror(errno)}")
     return result
 
@@ -283,7 +333,7 @@ def _pivot(new_root):
     """Make ``new_root`` the root and drop the host's tree from this mount namespace."""
     os.chdir(new_root)
     number = PIVOT_ROOT.get(os.uname().machine)
-    if number is not None and _libc.syscall(ctypes.c_long(number), b".", b".") == 0:
+    if number is not None and _libc.syscall(_CLong(number), b".", b".") == 0:
         _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
     else:  # unknown architecture, or the current root is not a mount point: move + chroot
         _mount(new_root, "/", None, MS_MOVE, None)
@@ -312,8 +362,8 @@ def _read_only_tree(path):
     """Make every mount at and below ``path`` read-only, nosuid and nodev in one call (``mount_setattr``,
     Linux 5.12); False where the kernel cannot (the caller then remounts each bind)."""
     attr = _MountAttr(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
-    done = _libc.syscall(ctypes.c_long(MOUNT_SETATTR), AT_FDCWD, path.encode(), AT_RECURSIVE, ctypes.byref(attr),
-                         ctypes.c_size_t(ctypes.sizeof(attr)))  # fmt: skip
+    done = _libc.syscall(_CLong(MOUNT_SETATTR), AT_FDCWD, path.encode(), AT_RECURSIVE, _ctypes.byref(attr),
+                         _CULong(_ctypes.sizeof(attr)))  # fmt: skip
     return done == 0
 
 
@@ -464,7 +514,7 @@ def _drop_capabilities():
     dumpable again, as ``execve`` of the interpreter would: a zygote child runs the program without one,
     and in a user namespace it would otherwise keep the namespace's full capabilities."""
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
-    _check(_libc.capset(ctypes.byref(header), (_CapData * 2)()), "capset")
+    _check(_libc.capset(_ctypes.byref(header), (_CapData * 2)()), "capset")
     _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 

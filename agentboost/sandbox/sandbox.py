@@ -256,6 +256,14 @@ class Sandbox:
         weakref.finalize(self, cgroups.close)  # at the latest when this process exits
         return cgroups, hierarchy.describe()
 
+    def _release_cgroup(self, group: RunCgroup) -> None:
+        """After a run: its group back to this sandbox's free groups (or removed, once this sandbox closed)."""
+        cgroups = self._cgroups
+        if cgroups is None:
+            janitor().remove_cgroup(group)
+        else:
+            janitor().release_cgroup(group, cgroups)
+
     def _take_cgroup(self, extra_mb: int = 0) -> RunCgroup | None:
         cgroups = self._cgroups
         if cgroups is None and self._cgroups_closed:  # closed, and used again
@@ -441,7 +449,7 @@ class Sandbox:
         except BaseException:
             dispose_workdir(workdir, files)
             if group is not None:
-                janitor().remove_cgroup(group)
+                self._release_cgroup(group)
             raise
         return _Run(workdir, uid, proc, Fd(stdin), Fd(stdout), Fd(stderr), tuple(files), group)
 
@@ -461,7 +469,7 @@ class Sandbox:
                 kill_uid(run.uid)  # no PID namespace to take its strays down (before the uid is leased again)
             dispose_workdir(run.workdir, run.files)
             if run.cgroup is not None:
-                janitor().remove_cgroup(run.cgroup)
+                self._release_cgroup(run.cgroup)
 
     async def _start(
         self, config: dict[str, Any], workdir: Path, uid: int | None, zygotes: bool

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ._remove import remove_tree
-from .cgroups import RunCgroup
+from .cgroups import Cgroups, RunCgroup
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +128,18 @@ class Janitor:
 
         def attempt() -> bool:
             return group.remove(kill=time.monotonic() - started > 1.0)
+
+        self._put(attempt, f"cgroup {group.name}")
+
+    def release_cgroup(self, group: RunCgroup, owner: Cgroups) -> None:
+        """Give a run's group back to ``owner`` once the run's processes are gone; one still busy after a
+        second is never reused: what is left in it is killed and the group removed."""
+        started = time.monotonic()
+
+        def attempt() -> bool:
+            if time.monotonic() - started > 1.0:
+                return group.remove(kill=True)
+            return owner.give_back(group)
 
         self._put(attempt, f"cgroup {group.name}")
 

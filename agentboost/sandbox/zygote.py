@@ -21,6 +21,7 @@ import contextvars
 import logging
 import marshal
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -42,12 +43,50 @@ _BOOT = (
 )
 """Captures the interpreter's start-up state before importing anything (restored for every program)."""
 _START_TIMEOUT_S = 30.0
-_AHEAD = 4
-"""A zygote starts once its predecessors have room for fewer than this many runs (a start takes a few of
-their runs' time: no run waits for one)."""
+_AHEAD = 16
+"""A zygote starts once its predecessors have room for fewer than this many runs (or than one zygote's
+runs, if fewer): a start takes as long as several runs, more on a busy host, and a run must not wait for
+one (with 4, one run in 9 waited at 2 concurrent runs on a loaded 2-core host)."""
 _SEND_TIMEOUT_S = 10.0
 _live: weakref.WeakSet[Zygote] = weakref.WeakSet()
 _pools: weakref.WeakSet[ZygotePool] = weakref.WeakSet()
+
+
+class _Background:
+    """A few daemon threads that start and close zygotes for the pools. Handing them work never waits: a
+    thread of its own per start made the event loop wait for the thread to start (milliseconds on a busy
+    host, with a pool lock held); threads are added only while every one is busy, up to ``most``."""
+
+    def __init__(self, most: int = 8) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._most = most
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            new = not self._idle and self._threads < self._most
+            if new:
+                self._threads += 1
+            elif self._idle:
+                self._idle -= 1  # that one takes it
+        self._queue.put(fn)
+        if new:
+            threading.Thread(target=self._work, name="agentboost-zygote", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn = self._queue.get()
+            try:
+                fn()
+            except Exception:  # a bug: logged, the thread goes on
+                logger.exception("sandbox zygote start or close failed")
+            with self._lock:
+                self._idle += 1
+
+
+_background = _Background()
 
 
 class ZygoteError(RuntimeError):
@@ -202,8 +241,8 @@ class Zygote:
             self._close_later()
 
     def _close_later(self) -> None:
-        """Close on a thread of its own (waiting for the zygote to exit must not hold an event loop)."""
-        threading.Thread(target=self.close, name="agentboost-zygote-close", daemon=True).start()
+        """Close on another thread (waiting for the zygote to exit must not hold an event loop)."""
+        _background.submit(self.close)
 
     @property
     def retired(self) -> bool:
@@ -288,6 +327,8 @@ async def _receive(sock: socket.socket) -> tuple[bytes, int | None]:
 def _after_fork_in_child() -> None:
     """A forked child drops its copies of every zygote's control socket (never taking a lock: another
     thread may have held it at the fork); the zygotes stay their parent's, and its pools start afresh."""
+    global _background
+    _background = _Background()  # (the parent's threads are not in this process)
     for zygote in list(_live):
         zygote._lock = threading.Lock()
         with contextlib.suppress(OSError):
@@ -420,7 +461,7 @@ class ZygotePool:
                 return
             self._starting += 1
             starting_room += self.runs_each
-            threading.Thread(target=self._start_one, name="agentboost-zygote-start", daemon=True).start()
+            _background.submit(self._start_one)
 
     def _start_one(self) -> None:
         try:

@@ -148,24 +148,39 @@ def response_logprobs(
 
 
 def shared_prefix_length(input_ids: Any, attention_mask: Any, position_ids: Any, prompt_length: int) -> int:
-    """How many leading positions every row has in common (same tokens, same positions, no padding),
-    short of the last prompt position (the first one whose hidden state the loss needs)."""
+    """How many leading tokens every row has in common (same tokens at the same positions), counted from
+    each row's first token (prompts are left-padded: rows of different prompt lengths start at different
+    columns), short of every row's last prompt position (the first one whose hidden state the loss needs)."""
+    import torch
+
     if input_ids.shape[0] < 2:
         return 0
-    same = ((input_ids == input_ids[:1]) & (position_ids == position_ids[:1]) & (attention_mask == 1)).all(0)
-    return min(int(same.long().cumprod(0).sum()), max(0, prompt_length - 1))
+    starts = _starts(attention_mask)
+    width = prompt_length - 1 - int(starts.max())
+    if width <= 0:
+        return 0
+    columns = starts[:, None] + torch.arange(width, device=input_ids.device)[None, :]
+    ids, positions = input_ids.gather(1, columns), position_ids.gather(1, columns)
+    same = ((ids == ids[:1]) & (positions == positions[:1]) & (attention_mask.gather(1, columns) == 1)).all(0)
+    return int(same.long().cumprod(0).sum())
+
+
+def _starts(attention_mask: Any) -> Any:
+    """[B] each row's first real column (the width of its left padding)."""
+    return attention_mask.long().argmax(dim=1)
 
 
 def _last_hidden_states(
     model: Any, backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, *, prompt_length: int
 ) -> tuple[Any, int]:
-    """The backbone's last hidden states from position ``offset`` on, and ``offset``: the rows' common
+    """The backbone's last hidden states from column ``offset`` on, and ``offset``: the rows' common
     prefix is run once and its cache shared where that was checked to equal the full forward."""
     k = shared_prefix_length(input_ids, attention_mask, position_ids, prompt_length)
     inputs = (input_ids, attention_mask, position_ids)
     if k >= _MIN_SHARED_PREFIX and _prefix_sharing_matches(model, backbone, *inputs, k=k):
         try:
-            return _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k), k
+            hidden = _shared_prefix_forward(backbone, input_ids, attention_mask, position_ids, k)
+            return hidden, int(_starts(attention_mask).min()) + k
         except _NoCache:  # this mode keeps no cache (gradient checkpointing; Gemma 2 in training): stop trying
             _SHARES_PREFIX[model] = False
             logger.info("%s keeps no cache to share in this mode; running every row in full from now on",
@@ -179,20 +194,41 @@ class _NoCache(Exception):
 
 
 def _shared_prefix_forward(backbone: Any, input_ids: Any, attention_mask: Any, position_ids: Any, k: int) -> Any:
+    """Hidden states of every row from column ``min(starts) + k`` on: the ``k`` common tokens run once
+    (row 0's), their cache repeated for every row, then each row's own tokens after them. Rows of other
+    prompt lengths are realigned: each one's tail follows the prefix directly (right-padded), and its
+    hidden states go back to its own columns (those before its tail, inside its prefix, are 0)."""
+    import torch
+
+    rows, width = input_ids.shape
+    starts = _starts(attention_mask)
+    s0 = int(starts[0])
     prefix = backbone(
-        input_ids=input_ids[:1, :k], attention_mask=attention_mask[:1, :k], position_ids=position_ids[:1, :k],
-        use_cache=True,
+        input_ids=input_ids[:1, s0 : s0 + k], attention_mask=attention_mask[:1, s0 : s0 + k],
+        position_ids=position_ids[:1, s0 : s0 + k], use_cache=True,
     )  # fmt: skip
     cache = prefix.past_key_values
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         raise _NoCache
     if hasattr(cache, "get_seq_length") and cache.get_seq_length() != k:  # layers dropped it (checkpointing)
         raise _NoCache
-    cache.batch_repeat_interleave(input_ids.shape[0])  # differentiable: the rows' gradients add up in the prefix
-    return backbone(
-        input_ids=input_ids[:, k:], attention_mask=attention_mask, position_ids=position_ids[:, k:],
+    cache.batch_repeat_interleave(rows)  # differentiable: the rows' gradients add up in the prefix
+    first = starts + k  # each row's first column after the prefix
+    offset = int(first.min())
+    columns = first[:, None] + torch.arange(width - offset, device=input_ids.device)[None, :]
+    inside = columns < width
+    columns = columns.clamp(max=width - 1)
+    tail_mask = attention_mask.gather(1, columns) * inside
+    hidden = backbone(
+        input_ids=input_ids.gather(1, columns), position_ids=position_ids.gather(1, columns),
+        attention_mask=torch.cat([attention_mask.new_ones((rows, k)), tail_mask], dim=1),
         past_key_values=cache, use_cache=True,
     ).last_hidden_state  # fmt: skip
+    if bool((starts == starts[0]).all()):
+        return hidden  # aligned rows: each tail is already at its own columns
+    row_index = torch.arange(rows, device=input_ids.device)[:, None].expand_as(columns)
+    placed = hidden.new_zeros(hidden.shape)
+    return placed.index_put((row_index[inside], columns[inside] - offset), hidden[inside])
 
 
 def _prefix_sharing_matches(
@@ -207,6 +243,10 @@ def _prefix_sharing_matches(
     if known is not None:
         return known
     rows = slice(0, 2)
+    starts = _starts(attention_mask[rows])
+    offset = int(starts.min()) + k
+    # compared where each row's tail is (a realigned row's columns inside its prefix are not computed)
+    tail = torch.arange(input_ids.shape[1] - offset, device=input_ids.device)[None, :] + offset >= (starts + k)[:, None]
     was_training = model.training
     model.eval()
     try:
@@ -215,7 +255,7 @@ def _prefix_sharing_matches(
                 backbone(
                     input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position_ids[rows]
                 )
-                .last_hidden_state[:, k:]
+                .last_hidden_state[:, offset:]
                 .float()
             )
             try:
@@ -229,7 +269,7 @@ def _prefix_sharing_matches(
     finally:
         model.train(was_training)
     if shared is not None:
-        gap = float((full - shared).abs().max()) if shared.shape == full.shape else float("inf")
+        gap = float((full - shared)[tail].abs().max()) if shared.shape == full.shape else float("inf")
         why = f"max difference {gap:.3g} from the full forward"
         ok = gap <= 1e-3 * (1.0 + float(full.abs().max()))
     else:

@@ -98,6 +98,9 @@ class TrainOptions:
     """Tokens per model call."""
     episode_timeout: float = 300.0
     """Wall-clock seconds per episode."""
+    train_aux_calls: bool = True
+    """Train the calls made without an agent (a summarising conversation manager asking the policy for a
+    summary); false: kept in the episodes, never a training row."""
     micro_batch_tokens: int | None = 16384
     """Tokens (rows x longest row) per forward/backward chunk of a minibatch (none: one pass)."""
     save_every: int = 10
@@ -334,7 +337,7 @@ def train_plan(options: TrainOptions) -> RunPlan:
         eval_sampling=SamplingParams(temperature=eval_temperature, max_tokens_per_call=options.max_tokens_per_call),
         budget=budget, micro_batch_tokens=options.micro_batch_tokens, wandb_project=options.wandb_project,
         wandb_mode=options.wandb_mode, tensorboard=options.tensorboard, eval_n=options.eval_n,
-        eval_ks=tuple(options.eval_k),
+        eval_ks=tuple(options.eval_k), train_aux_calls=options.train_aux_calls,
     )  # fmt: skip
     plan = RunPlan(
         run_dir=Path(options.run_dir),

@@ -91,7 +91,7 @@ def uses_this_tokenizer(episode: Episode, template: ChatTemplate) -> bool:
     ids = [t for segment in episode.segments for t in segment.token_ids]
     if any(not 0 <= t < vocab for t in ids):
         return False
-    prompt = episode.prompt_ids
+    prompt = episode.segments[0].token_ids  # the first trajectory's prompt (an episode may hold several)
     return template.encode(template.decode(prompt)) == prompt
 
 
@@ -111,6 +111,20 @@ def assistant_turn_ids(template: ChatTemplate, message: dict[str, Any]) -> list[
     if end < 0:
         raise TemplateError(f"the chat template does not close an assistant turn with {eot!r}")
     return [*template.encode(text[:end]), template.info.eot_token_id]
+
+
+def assistant_turns(episode: Episode) -> list[dict[str, Any]]:
+    """The episode's assistant messages in the order its calls made them: across its trajectories (a
+    conversation manager may have trimmed early turns from the final history), else from its messages."""
+    if episode.calls:
+        turns = []
+        for call in episode.calls:
+            history = episode.messages_of(call.trajectory)
+            if 0 <= call.message_index < len(history) and history[call.message_index].get("role") == "assistant":
+                turns.append(history[call.message_index])
+        if len(turns) == len(episode.calls):
+            return turns
+    return [m for m in episode.messages if m.get("role") == "assistant"]
 
 
 def _teacher(episode: Episode) -> str:
@@ -153,7 +167,7 @@ def build_sft_data(
         if row is None:
             dropped["task not in the training rows"] += 1
             continue
-        turns = [m for m in episode.messages if m.get("role") == "assistant"]
+        turns = assistant_turns(episode)
         try:
             script = [assistant_turn_ids(template, m) for m in turns]
         except (TemplateError, KeyError, TypeError, ValueError) as exc:

@@ -27,7 +27,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,8 @@ class TrainConfig:
         default_factory=lambda: SamplingParams(temperature=0.0, max_tokens_per_call=64)
     )
     budget: Budget = field(default_factory=lambda: Budget(max_turns=4, max_total_tokens=1024, wall_clock_s=300))
+    train_aux_calls: bool = True
+    """Train the calls made without an agent (a summariser calling the model): :class:`RolloutSettings`."""
     micro_batch_tokens: int | None = 16384
     """Rows of a minibatch run forward and backward in chunks of similar length, each about this many
     tokens (rows x longest row), gradients accumulated over the chunks and weighted so the loss is
@@ -193,7 +195,8 @@ class GRPOTrainer:
         on_episode: Callable[[Episode], None] | None = None,
     ) -> list[Episode]:
         """``n`` episodes of every row from the live policy (``on_episode`` is called as each finishes)."""
-        settings = RolloutSettings(sampling=sampling, budget=self.config.budget)
+        settings = RolloutSettings(sampling=sampling, budget=self.config.budget,
+                                   train_aux_calls=self.config.train_aux_calls)  # fmt: skip
 
         async def one(row: dict[str, Any], i: int, k: int) -> Episode:
             env = self.env_cls.from_dict({**row, **self.env_args})
@@ -204,7 +207,7 @@ class GRPOTrainer:
                 seed = int.from_bytes(
                     hashlib.blake2b(f"{self.config.seed}:{group}:{k}".encode(), digest_size=4).digest(), "big"
                 )
-                episode_settings = RolloutSettings(sampling=sampling.replace(seed=seed), budget=self.config.budget)
+                episode_settings = replace(settings, sampling=sampling.replace(seed=seed))
             episode = await run_episode(
                 env, agent, self.backend, self.template, episode_settings,
                 episode_id=f"{group}:{k}", group_id=group, task_id=str(row.get("task_id", i)),

@@ -29,6 +29,17 @@ class ChargedTimeout(TimeoutError):
     """The charged time (or the waiting) went past its limit."""
 
 
+def default_max_wait(budget_s: float) -> float:
+    """How long a holder may wait (uncharged) for shared infrastructure before it fails anyway."""
+    return max(600.0, 10 * budget_s)
+
+
+def wall_cap(budget_s: float) -> float:
+    """The longest wall time a :class:`ChargedClock` of ``budget_s`` (and the default wait) can take: what
+    a supervisor waiting on it (the worker pool's episode deadline) must allow."""
+    return budget_s + default_max_wait(budget_s)
+
+
 class ChargedClock:
     """Wall-clock seconds charged to a budget of ``budget_s``; not charged while the holder only waits.
     Thread-safe."""
@@ -38,7 +49,7 @@ class ChargedClock:
         a reward's)."""
         self.budget_s = budget_s
         self.parent = parent
-        self.max_wait_s = max_wait_s if max_wait_s is not None else max(600.0, 10 * budget_s)
+        self.max_wait_s = max_wait_s if max_wait_s is not None else default_max_wait(budget_s)
         self._lock = threading.Lock()
         self._started = time.monotonic()
         self._waited = 0.0

@@ -314,7 +314,8 @@ JS = r"""
     box.dataset.index = String(tr.index);
     box.append(el("div", "traj-head", "trajectory " + tr.index + " · agent " + tr.agent + " · opened by " +
       tr.opened_by + (tr.detail ? ": " + tr.detail : "") + " · reward " + num(tr.reward, 4) +
-      (tr.trained ? "" : " · not trained (a call without an agent; train_aux_calls is off)")));
+      (tr.trained ? "" : " · not trained (a call without an agent with train_aux_calls off, or a " +
+        "sibling model sampling otherwise)")));
     if (!tr.view) {
       box.append(el("div", "clip-note", "its conversation and tokens are not embedded (" + data.caps.trajectories +
         " trajectories per episode: the first and the last ones; agentboost view --max-trajectories N)"));
