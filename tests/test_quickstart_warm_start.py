@@ -123,7 +123,7 @@ def test_distinct_tasks_draw_every_operand_length_alike_and_refuse_a_space_too_s
     lengths = [
         len(operand) for e in expressions for operand in e.replace("+", " ").replace("-", " ").replace("*", " ").split()
     ]
-    assert all(0.25 < lengths.count(n) / len(lengths) < 0.4 for n in (1, 2, 3))  # about a third each (distinct: fewer 1-digit pairs exist)
+    assert all(0.25 < lengths.count(n) / len(lengths) < 0.4 for n in (1, 2, 3))  # about a third each
     assert all(t["answer"] == format_number(evaluate(t["expression"])) for t in tasks)
     assert make_distinct_tasks(50, seed=1, max_ops=1, max_value=999) == make_distinct_tasks(
         50, seed=1, max_ops=1, max_value=999
