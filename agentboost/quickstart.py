@@ -16,14 +16,17 @@ token/mask machinery as RL). The demonstrations call the calculator correctly bu
 styles, weighted per prompt: the bare number (30%) or a sentence, "The answer is 56." (70%). Only the
 bare number earns the exact-match reward, so the warm-started agent uses the tool, prefers the
 unrewarded sentence (greedy decoding picks it) and earns reward in ~30% of its samples; GRPO has to
-discover and reinforce the rewarded behaviour. The warm start runs until the policy does that: every
-``warm_start_check_every`` steps it is sampled as GRPO will sample it on training tasks outside the
-demonstrations, and the warm start ends once ``warm_start_target`` (0.8) of those episodes reproduce
-the demonstrations (right calculator call, tool result copied into the answer) and the rewarded style
-shows up in at least half its demonstrated share (``sft_steps`` is the ceiling). When the copying
-skills form differs from seed to seed (a few hundred to over a thousand steps): a fixed step count
-left some seeds with no rewarded sample and nothing for GRPO to learn from. What the check measured
-is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
+discover and reinforce the rewarded behaviour. The demonstrations are not the task's own expressions:
+they are ``demos`` (2048) different expressions with operands up to ``demo_max_value`` (999), far more
+than could be answered from memory, so the only way to fit them is the skill the task needs (copy the
+expression into the call, the tool's number into the answer). Demonstrating the task's own ~190
+training expressions let some seeds memorise them and never copy a new one (seed 12 checked 0.00 for
+1500 steps). The warm start runs until the skill is there: every ``warm_start_check_every`` steps the
+policy is run greedily on training tasks the demonstrations leave out, and sampled as GRPO will sample
+it; the warm start ends once ``warm_start_target`` (0.8) of the greedy episodes reproduce the
+demonstrations and the rewarded style shows up in the samples in at least half its demonstrated share
+(``sft_steps`` is the ceiling: when the copying skill forms differs from seed to seed). What the check
+measured is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
 ``eval_every`` steps and after.
 
 The quickstart is a preset of ``agentboost train``: the same loop
@@ -131,13 +134,13 @@ class QuickstartConfig:
     sft_steps: int | None = field(default=None, metadata={"default_text": "1500 (built-in model), 0 with --model"})
     """Ceiling of the warm start (0: no warm start)."""
     warm_start_target: float | None = 0.8
-    """End the warm start once this share of sampled check episodes reproduce the demonstrations and the
-    rewarded style shows up in at least half its demonstrated share (checked every
+    """End the warm start once this share of check tasks reproduce the demonstrations greedily and the
+    rewarded style shows up in at least half its demonstrated share of sampled episodes (checked every
     warm_start_check_every steps; sft_steps is the ceiling; none: a fixed count)."""
     warm_start_low: float = 0.5
-    """Warn that GRPO may learn little when, at the end of the warm start, fewer sampled check episodes
-    than this reproduce the demonstrations (or the rewarded style is rarer than half its demonstrated
-    share of them)."""
+    """Warn that GRPO may learn little when, at the end of the warm start, fewer check tasks than this
+    reproduce the demonstrations greedily (or the rewarded style is rarer than half its demonstrated
+    share of the samples)."""
     warm_start_check_every: int = 100
     """Warm-start steps between checks (and between saves of the warm start)."""
     warm_start_check_tasks: int = 32
@@ -291,16 +294,16 @@ class DemonstrationWarmStart:
 
     GRPO can only reinforce what the policy already does sometimes: a warm start that ended before
     the copying skills formed (which happens at a seed-dependent step) leaves groups without reward
-    and nothing to learn from. So the policy is sampled as GRPO will sample it (the rollout
-    temperature) on training tasks outside the demonstrations and the share of episodes that
-    reproduce the demonstrations is measured, with the share that earns reward: after the warm start,
-    and with ``warm_start_target`` every ``warm_start_check_every`` steps, ending the warm start once
-    both the skills and the styles are there: ``target`` of the episodes reproduce the demonstrations
-    and the rewarded style shows up in at least half its demonstrated share of them (a model learns the
-    copying before it learns the 30% style: stopping on the skills alone left GRPO with no rewarded
-    sample). ``steps`` is then the ceiling. A warning is given when the last check is below
-    ``warm_start_low`` (the policy GRPO gets is weak), not merely because the ceiling came first: seeds
-    that ended at the ceiling with 0.59-0.66 of the check reproduced still gained +0.72 to +0.95.
+    and nothing to learn from. So on training tasks outside the demonstrations the policy is run
+    greedily (does it have the skill: sampling noise at temperature 1 hid a skill greedy decoding
+    already had, and kept warm starts to their ceiling) and sampled as GRPO will sample it (does the
+    rewarded style show up): after the warm start, and with ``warm_start_target`` every
+    ``warm_start_check_every`` steps, ending the warm start once ``target`` of the greedy episodes
+    reproduce the demonstrations and the rewarded style shows up in at least half its demonstrated share
+    of the samples (a model learns the copying before it learns the 30% style: stopping on the skills
+    alone left GRPO with no rewarded sample). ``steps`` is then the ceiling. A warning is given when the
+    last check is below ``warm_start_low`` (the policy GRPO gets is weak), not merely because the
+    ceiling came first.
 
     A warm start (of one of the :mod:`agentboost.train.warm_start` kinds) saves itself at every check
     in its directory and resumes from there; :meth:`run` returns what was measured (summary.json's
