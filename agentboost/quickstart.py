@@ -16,14 +16,17 @@ token/mask machinery as RL). The demonstrations call the calculator correctly bu
 styles, weighted per prompt: the bare number (30%) or a sentence, "The answer is 56." (70%). Only the
 bare number earns the exact-match reward, so the warm-started agent uses the tool, prefers the
 unrewarded sentence (greedy decoding picks it) and earns reward in ~30% of its samples; GRPO has to
-discover and reinforce the rewarded behaviour. The warm start runs until the policy does that: every
-``warm_start_check_every`` steps it is sampled as GRPO will sample it on training tasks outside the
-demonstrations, and the warm start ends once ``warm_start_target`` (0.8) of those episodes reproduce
-the demonstrations (right calculator call, tool result copied into the answer) and the rewarded style
-shows up in at least half its demonstrated share (``sft_steps`` is the ceiling). When the copying
-skills form differs from seed to seed (a few hundred to over a thousand steps): a fixed step count
-left some seeds with no rewarded sample and nothing for GRPO to learn from. What the check measured
-is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
+discover and reinforce the rewarded behaviour. The demonstrations are not the task's own expressions:
+they are ``demos`` (2048) different expressions with operands up to ``demo_max_value`` (999), far more
+than could be answered from memory, so the only way to fit them is the skill the task needs (copy the
+expression into the call, the tool's number into the answer). Demonstrating the task's own ~190
+training expressions let some seeds memorise them and never copy a new one (seed 12 checked 0.00 for
+1500 steps). The warm start runs until the skill is there: every ``warm_start_check_every`` steps the
+policy is run greedily on training tasks the demonstrations leave out, and sampled as GRPO will sample
+it; the warm start ends once ``warm_start_target`` (0.8) of the greedy episodes reproduce the
+demonstrations and the rewarded style shows up in the samples in at least half its demonstrated share
+(``sft_steps`` is the ceiling: when the copying skill forms differs from seed to seed). What the check
+measured is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
 ``eval_every`` steps and after.
 
 The quickstart is a preset of ``agentboost train``: the same loop
@@ -45,13 +48,19 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .agents.strands_agent import StrandsAgent
 from .chat.template import ChatTemplate
-from .environments.arithmetic import SYSTEM_PROMPT, make_tasks, windowed_agent
+from .environments.arithmetic import (
+    SYSTEM_PROMPT,
+    expression_space,
+    make_distinct_tasks,
+    make_tasks,
+    windowed_agent,
+)
 from .episode import Episode
 from .rewards.answer import final_answer_text
 from .train.progress import phase_bar
@@ -111,20 +120,27 @@ class QuickstartConfig:
     (``SlidingWindowConversationManager(window_size, per_turn=True)``): with 2, the answer call sees only
     the calculator call and its result, so every episode is two trajectories (README, "Agents that
     rewrite their history"). None: no window (NullConversationManager)."""
-    demos: int = 256
-    """Training tasks turned into demonstrations for the warm start."""
+    demos: int = 2048
+    """Demonstrations of the warm start: this many different expressions (none repeated, none held out,
+    none among the check tasks), drawn from operands up to demo_max_value."""
+    demo_max_value: int = 999
+    """Largest operand of the demonstrated expressions (each operand's number of digits drawn first, so
+    "7*8" is as likely as "7*86" or "714*86"). Far more expressions than demonstrations: none can be
+    answered from memory, only by copying the expression into the call and the tool's number into the
+    answer, the skill the task's own expressions need too. With demonstrations of the task's own ~180
+    training expressions, some seeds memorised them and copied none of the new ones for 1500 steps."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = field(default=None, metadata={"default_text": "1500 (built-in model), 0 with --model"})
     """Ceiling of the warm start (0: no warm start)."""
     warm_start_target: float | None = 0.8
-    """End the warm start once this share of sampled check episodes reproduce the demonstrations and the
-    rewarded style shows up in at least half its demonstrated share (checked every
+    """End the warm start once this share of check tasks reproduce the demonstrations greedily and the
+    rewarded style shows up in at least half its demonstrated share of sampled episodes (checked every
     warm_start_check_every steps; sft_steps is the ceiling; none: a fixed count)."""
     warm_start_low: float = 0.5
-    """Warn that GRPO may learn little when, at the end of the warm start, fewer sampled check episodes
-    than this reproduce the demonstrations (or the rewarded style is rarer than half its demonstrated
-    share of them)."""
+    """Warn that GRPO may learn little when, at the end of the warm start, fewer check tasks than this
+    reproduce the demonstrations greedily (or the rewarded style is rarer than half its demonstrated
+    share of the samples)."""
     warm_start_check_every: int = 100
     """Warm-start steps between checks (and between saves of the warm start)."""
     warm_start_check_tasks: int = 32
@@ -165,8 +181,8 @@ class QuickstartConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 problems.append(f"{name} must be a finite number, got {value}")
         for name in ("hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks", "eval_tasks", "max_ops",
-                     "max_value", "demos", "warm_start_check_every", "warm_start_check_tasks", "sft_batch",
-                     "prompts_per_step", "group_size"):  # fmt: skip
+                     "max_value", "demos", "demo_max_value", "warm_start_check_every", "warm_start_check_tasks",
+                     "sft_batch", "prompts_per_step", "group_size"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("lora_rank", "grpo_steps", "eval_every", "sft_weight_decay", "kl_coef"):
@@ -188,6 +204,12 @@ class QuickstartConfig:
             problems.append(
                 f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
                 f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
+            )
+        space = expression_space(self.max_ops, self.demo_max_value) if self.demo_max_value >= 1 else 0
+        if self.demos > space // 2:
+            problems.append(
+                f"demos={self.demos} different expressions need demo_max_value above {self.demo_max_value} (its "
+                f"space holds {space}; the demonstrations may take at most half)"
             )
         if self.window_size is not None and self.window_size < 1:
             problems.append(f"window_size must be >= 1 or none, got {self.window_size}")
@@ -227,6 +249,15 @@ def warm_start_demos(
     return bare + sentence, weights
 
 
+def demonstration_rows(cfg: QuickstartConfig, check_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tasks the warm start demonstrates: ``cfg.demos`` different expressions of operands up to
+    ``cfg.demo_max_value`` (none held out, none a check task; :func:`make_distinct_tasks`)."""
+    return make_distinct_tasks(
+        cfg.demos, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.demo_max_value, spaced=cfg.spaced_expressions,
+        exclude=[row["expression"] for row in check_rows],
+    )  # fmt: skip
+
+
 def reproduces_demonstration(row: dict[str, Any], episode: Episode) -> bool:
     """Whether a sampled episode does what every demonstration does: one calculator call with the
     task's expression, then the tool's number as the answer (in either style)."""
@@ -246,16 +277,16 @@ def reproduces_demonstration(row: dict[str, Any], episode: Episode) -> bool:
     return answer in (str(row["answer"]), verbose_answer(row["answer"]))
 
 
-def warm_start_check_rows(cfg: QuickstartConfig, demo_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Training-split tasks the demonstrations do not contain (held-out tasks are never looked at)."""
-    seen = {row["expression"] for row in demo_rows}
-    drawn = make_tasks(
-        4 * cfg.warm_start_check_tasks, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.max_value,
-        split="warm-start-check", spaced=cfg.spaced_expressions,
-    )  # fmt: skip
-    unseen = [row for row in drawn if row["expression"] not in seen]
-    rows = (unseen + [row for row in drawn if row["expression"] in seen])[: cfg.warm_start_check_tasks]
-    return [{**row, "task_id": f"warm-start-check-{cfg.seed}-{i}"} for i, row in enumerate(rows)]
+def warm_start_check_rows(cfg: QuickstartConfig, train_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first ``cfg.warm_start_check_tasks`` different expressions of the training tasks (GRPO's
+    tasks, never held-out ones): the demonstrations leave them out, so the check measures copying on
+    expressions the warm start never showed."""
+    rows: dict[str, dict[str, Any]] = {}
+    for row in train_rows:
+        if len(rows) == cfg.warm_start_check_tasks:
+            break
+        rows.setdefault(row["expression"], row)
+    return [{**row, "task_id": f"warm-start-check-{cfg.seed}-{i}"} for i, row in enumerate(rows.values())]
 
 
 class DemonstrationWarmStart:
@@ -263,16 +294,16 @@ class DemonstrationWarmStart:
 
     GRPO can only reinforce what the policy already does sometimes: a warm start that ended before
     the copying skills formed (which happens at a seed-dependent step) leaves groups without reward
-    and nothing to learn from. So the policy is sampled as GRPO will sample it (the rollout
-    temperature) on training tasks outside the demonstrations and the share of episodes that
-    reproduce the demonstrations is measured, with the share that earns reward: after the warm start,
-    and with ``warm_start_target`` every ``warm_start_check_every`` steps, ending the warm start once
-    both the skills and the styles are there: ``target`` of the episodes reproduce the demonstrations
-    and the rewarded style shows up in at least half its demonstrated share of them (a model learns the
-    copying before it learns the 30% style: stopping on the skills alone left GRPO with no rewarded
-    sample). ``steps`` is then the ceiling. A warning is given when the last check is below
-    ``warm_start_low`` (the policy GRPO gets is weak), not merely because the ceiling came first: seeds
-    that ended at the ceiling with 0.59-0.66 of the check reproduced still gained +0.72 to +0.95.
+    and nothing to learn from. So on training tasks outside the demonstrations the policy is run
+    greedily (does it have the skill: sampling noise at temperature 1 hid a skill greedy decoding
+    already had, and kept warm starts to their ceiling) and sampled as GRPO will sample it (does the
+    rewarded style show up): after the warm start, and with ``warm_start_target`` every
+    ``warm_start_check_every`` steps, ending the warm start once ``target`` of the greedy episodes
+    reproduce the demonstrations and the rewarded style shows up in at least half its demonstrated share
+    of the samples (a model learns the copying before it learns the 30% style: stopping on the skills
+    alone left GRPO with no rewarded sample). ``steps`` is then the ceiling. A warning is given when the
+    last check is below ``warm_start_low`` (the policy GRPO gets is weak), not merely because the
+    ceiling came first.
 
     A warm start (of one of the :mod:`agentboost.train.warm_start` kinds) saves itself at every check
     in its directory and resumes from there; :meth:`run` returns what was measured (summary.json's
@@ -292,9 +323,11 @@ class DemonstrationWarmStart:
     def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool = True) -> dict[str, Any]:
         cfg = self.cfg
         started = time.monotonic()
-        demo_rows = self.train_rows[: cfg.demos]
+        check_rows = warm_start_check_rows(cfg, self.train_rows)
+        demo_rows = demonstration_rows(cfg, check_rows)
         demos, weights = warm_start_demos(demo_rows, trainer.template, trainer.agent, cfg.verbose_fraction)
-        check_rows = warm_start_check_rows(cfg, demo_rows)
+        shown = {"demonstrations": len(demo_rows), "demo_max_value": cfg.demo_max_value,
+                 "demo_seconds": time.monotonic() - started}  # fmt: skip
         by_id = {row["task_id"]: row for row in check_rows}
         sampling = trainer.config.sampling
         target = cfg.warm_start_target
@@ -314,16 +347,21 @@ class DemonstrationWarmStart:
                         upper_bound=target is not None)  # fmt: skip
 
         def check(step: int) -> bool:
-            bar.set_postfix_str(f"checking {len(check_rows)} sampled episodes")
-            episodes = trainer.rollout(check_rows, n=1, sampling=sampling, tag=f"warm-start-check-{step}")
-            reproduced = sum(reproduces_demonstration(by_id[e.task_id], e) for e in episodes) / len(episodes)
-            rewarded = sum(e.reward > 0 for e in episodes) / len(episodes)
-            checks.append({"step": step, "reproduced": reproduced, "rewarded": rewarded})
-            logger.info("warm start step %d: %.2f of sampled check episodes reproduce the demonstrations, "
-                        "%.2f earn reward", step, reproduced, rewarded)  # fmt: skip
+            bar.set_postfix_str(f"checking {len(check_rows)} tasks, greedy and sampled")
+            greedy = trainer.rollout(check_rows, n=1, sampling=replace(sampling, temperature=0.0),
+                                     tag=f"warm-start-check-{step}-greedy")  # fmt: skip
+            skill = sum(reproduces_demonstration(by_id[e.task_id], e) for e in greedy) / len(greedy)
+            sampled = trainer.rollout(check_rows, n=1, sampling=sampling, tag=f"warm-start-check-{step}")
+            reproduced = sum(reproduces_demonstration(by_id[e.task_id], e) for e in sampled) / len(sampled)
+            rewarded = sum(e.reward > 0 for e in sampled) / len(sampled)
+            checks.append({"step": step, "greedy": skill, "reproduced": reproduced, "rewarded": rewarded})
+            logger.info("warm start step %d: %.2f of check tasks reproduce the demonstrations greedily; of "
+                        "sampled episodes %.2f reproduce them, %.2f earn reward", step, skill, reproduced,
+                        rewarded)  # fmt: skip
             goal = f" (target {target:.2f})" if target is not None else ""
-            bar.set_postfix_str(f"step {step}: {reproduced:.2f} reproduce the demonstrations{goal}")
-            return target is not None and self.passed(reproduced, rewarded, target)
+            bar.set_postfix_str(f"step {step}: {skill:.2f} reproduce the demonstrations{goal}, "
+                                f"{rewarded:.2f} of samples earn reward")  # fmt: skip
+            return target is not None and self.passed(skill, rewarded, target)
 
         def progress_record() -> dict[str, Any]:
             return {"checks": checks, "seconds": earlier + time.monotonic() - started}
@@ -342,14 +380,15 @@ class DemonstrationWarmStart:
         finally:
             bar.close()
         last = checks[-1]
-        reached = target is not None and self.passed(last["reproduced"], last["rewarded"], target)
-        weak = not self.passed(last["reproduced"], last["rewarded"], cfg.warm_start_low)
+        last.setdefault("greedy", last["reproduced"])  # (a check recorded before greedy checks existed)
+        reached = target is not None and self.passed(last["greedy"], last["rewarded"], target)
+        weak = not self.passed(last["greedy"], last["rewarded"], cfg.warm_start_low)
         if weak:
             logger.warning(
-                "after %d warm-start steps %.2f of sampled check episodes reproduce the demonstrations and %.2f "
-                "earn reward (below %.2f and %.2f; target %s): GRPO starts from a weak policy and may learn "
-                "little; train longer (--sft-steps, --warm-start-target) or try another --seed",
-                len(losses), last["reproduced"], last["rewarded"], cfg.warm_start_low,
+                "after %d warm-start steps %.2f of check tasks reproduce the demonstrations greedily and %.2f of "
+                "sampled episodes earn reward (below %.2f and %.2f; target %s): GRPO starts from a weak policy "
+                "and may learn little; train longer (--sft-steps, --warm-start-target) or try another --seed",
+                len(losses), last["greedy"], last["rewarded"], cfg.warm_start_low,
                 self.reward_floor(cfg.warm_start_low), "none" if target is None else f"{target:.2f}",
             )  # fmt: skip
         elif target is not None and not reached:
@@ -361,11 +400,13 @@ class DemonstrationWarmStart:
             "ceiling": self.steps,
             "target": target,
             "reward_floor": self.reward_floor(share),
-            "check": last["reproduced"],
+            "check": last["greedy"],
+            "sampled_check": last["reproduced"],
             "rewarded": last["rewarded"],
             "reached": reached if target is not None else not weak,
             "weak": weak,
             "checks": checks,
+            **shown,
             "final_loss": losses[-1] if losses else None,
             **{k: v for k, v in progress_record().items() if k != "checks"},
         }
@@ -489,10 +530,11 @@ def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
 
 _DEFINES_THE_RUN = (
     "seed", "model", "lora_rank", "hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks",
-    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "verbose_fraction", "window_size",
+    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "demo_max_value", "verbose_fraction",
+    "window_size",
 )  # fmt: skip
 """Options a checkpoint only makes sense with: the model, its tokenizer (built from the tasks) and the tasks."""
-_BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True, "window_size": None}
+_BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True, "window_size": None, "demo_max_value": None}
 """What a run directory written before an option existed was run with."""
 _BUILT_IN_MODEL = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 """Options of the built-in model only: ignored with --model."""
@@ -541,8 +583,8 @@ def _warm_start_line(warm: dict[str, Any]) -> str:
         return "warm start: none"
     ceiling = " (its ceiling)" if warm.get("target") is not None and not warm.get("reached") else ""
     return (
-        f"warm start: {warm['steps']} steps{ceiling}; sampled check: {warm['check']:.2f} reproduce the "
-        f"demonstrations, {warm['rewarded']:.2f} earn reward"
+        f"warm start: {warm['steps']} steps{ceiling}; check: {warm['check']:.2f} reproduce the demonstrations "
+        f"greedily, {warm['rewarded']:.2f} of samples earn reward"
     )
 
 

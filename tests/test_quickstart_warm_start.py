@@ -18,12 +18,13 @@ torch = pytest.importorskip("torch")
 
 from agentboost.agents.strands_agent import StrandsAgent  # noqa: E402
 from agentboost.chat.template import ChatTemplate  # noqa: E402
-from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
+from agentboost.environments.arithmetic import SYSTEM_PROMPT, _held_out, make_distinct_tasks, make_tasks  # noqa: E402
 from agentboost.quickstart import (  # noqa: E402
     ENV,
     QuickstartConfig,
     _build_model,
     demo_turns,
+    demonstration_rows,
     format_summary,
     reproduces_demonstration,
     run_quickstart,
@@ -31,6 +32,7 @@ from agentboost.quickstart import (  # noqa: E402
     warm_start,
     warm_start_check_rows,
 )
+from agentboost.tools.calculator import evaluate, format_number  # noqa: E402
 from agentboost.train.sft import demonstration_episodes  # noqa: E402
 from agentboost.train.trainer import GRPOTrainer, TrainConfig  # noqa: E402
 from agentboost.types import Budget, SamplingParams  # noqa: E402
@@ -67,12 +69,69 @@ def test_the_check_accepts_both_demonstrated_styles_and_nothing_else(tiny) -> No
 
 def test_check_tasks_are_training_tasks_outside_the_demonstrations(tiny) -> None:
     cfg, rows, _, _ = tiny
-    check = warm_start_check_rows(cfg, rows[: cfg.demos])
+    check = warm_start_check_rows(cfg, rows)
+    demos = demonstration_rows(cfg, check)
     held_out = {r["expression"] for r in make_tasks(2000, seed=0, max_ops=1, max_value=cfg.max_value, split="eval")}
     assert len(check) == cfg.warm_start_check_tasks
-    assert not {r["expression"] for r in check} & {r["expression"] for r in rows[: cfg.demos]}
+    assert {r["expression"] for r in check} <= {r["expression"] for r in rows}  # GRPO's own tasks
+    assert len({r["expression"] for r in check}) == len(check)
+    assert not {r["expression"] for r in check} & {r["expression"] for r in demos}
     assert not {r["expression"] for r in check} & held_out
     assert len({r["task_id"] for r in check}) == len(check)
+
+
+def test_the_demonstrations_never_repeat_an_expression_and_outnumber_the_task_s_expressions(
+    tmp_path, monkeypatch
+) -> None:
+    """Issue 23: of five seeds outside 0-9, two ended a 1500-step warm start with no check episode copying
+    the expression: the demonstrations were the task's own ~180 training expressions, shown over and over,
+    and a small model can memorise those instead of learning to copy. The warm start now demonstrates
+    different expressions only, more of them than the task's whole space (243 with max_value 9), drawn
+    from a far larger one (operands up to demo_max_value), so no answer can come from memory."""
+    from agentboost.quickstart import DemonstrationWarmStart
+    from agentboost.train import sft as sft_module
+
+    cfg = QuickstartConfig(hidden_size=32, num_layers=1, train_tasks=64, demos=300, warm_start_check_tasks=4,
+                           demo_max_value=99)  # fmt: skip
+    rows = make_tasks(cfg.train_tasks, seed=0, max_ops=1, max_value=cfg.max_value, split="train", spaced=False)
+    model, tokenizer = _build_model(cfg, rows)
+    trainer = _trainer((cfg, rows, model, ChatTemplate(tokenizer)), tmp_path)
+    shown = []
+
+    class Recorded(sft_module.SFTRun):
+        def __init__(self, model, episodes, **kwargs):
+            shown.extend(episodes)
+            super().__init__(model, episodes, **kwargs)
+
+    import agentboost.quickstart as quickstart
+
+    monkeypatch.setattr(quickstart, "SFTRun", Recorded)
+    report = DemonstrationWarmStart(cfg, rows, steps=1).run(trainer, None, progress=False)
+    questions = [e.messages[0]["content"][0]["text"] for e in shown]
+    assert len(questions) == 2 * cfg.demos  # every expression in both answer styles
+    assert len(set(questions)) == cfg.demos > 243  # no expression twice; more than the task's whole space
+    expressions = {q.removeprefix("What is ").removesuffix("?") for q in questions}
+    assert any(len(e) > 3 for e in expressions) and any(len(e) == 3 for e in expressions)  # wide and small
+    assert not any(_held_out(e.replace("+", " + ").replace("-", " - ").replace("*", " * ")) for e in expressions)
+    assert report["demonstrations"] == cfg.demos and report["demo_max_value"] == 99
+
+
+def test_distinct_tasks_draw_every_operand_length_alike_and_refuse_a_space_too_small() -> None:
+    tasks = make_distinct_tasks(3000, seed=1, max_ops=1, max_value=999, spaced=False, exclude=["7*8"])
+    expressions = [t["expression"] for t in tasks]
+    assert len(set(expressions)) == 3000 and "7*8" not in expressions
+    lengths = [
+        len(operand) for e in expressions for operand in e.replace("+", " ").replace("-", " ").replace("*", " ").split()
+    ]
+    assert all(0.25 < lengths.count(n) / len(lengths) < 0.4 for n in (1, 2, 3))  # about a third each
+    assert all(t["answer"] == format_number(evaluate(t["expression"])) for t in tasks)
+    assert make_distinct_tasks(50, seed=1, max_ops=1, max_value=999) == make_distinct_tasks(
+        50, seed=1, max_ops=1, max_value=999
+    )
+    with pytest.raises(ValueError, match="different expressions"):
+        make_distinct_tasks(200, seed=0, max_ops=1, max_value=9)
+    with pytest.raises(ValueError, match="demo_max_value"):
+        QuickstartConfig(demos=200, demo_max_value=9)
 
 
 def _trainer(tiny, tmp_path):

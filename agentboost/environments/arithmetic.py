@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable, Collection
 from typing import Any
 
 from ..episode import Episode
@@ -25,6 +26,26 @@ SYSTEM_PROMPT = (
 def _held_out(expression: str) -> bool:
     """One expression in five (by a stable hash) is reserved for evaluation."""
     return int(hashlib.sha256(expression.encode()).hexdigest(), 16) % 5 == 0
+
+
+def _expression(rng: random.Random, max_ops: int, operand: Callable[[], int]) -> str:
+    """One spaced expression ("37 + 48 * 2"): 1 to ``max_ops`` operators, operands from ``operand()``."""
+    n_ops = rng.randint(1, max_ops)
+    parts = [str(operand())]
+    for _ in range(n_ops):
+        parts += [rng.choice(["+", "-", "*"]), str(operand())]
+    return " ".join(parts)
+
+
+def _task(split: str, seed: int, i: int, expression: str, *, spaced: bool) -> dict[str, Any]:
+    if not spaced:
+        expression = expression.replace(" ", "")
+    return {
+        "task_id": f"arith-{split}-{seed}-{i}",
+        "prompt": f"What is {expression}?",
+        "expression": expression,
+        "answer": format_number(evaluate(expression)),
+    }
 
 
 def make_tasks(
@@ -45,24 +66,60 @@ def make_tasks(
         attempts += 1
         if attempts > 1000 * max(n, 1):
             raise ValueError(f"cannot draw {n} {split} tasks with max_value={max_value}, max_ops={max_ops}")
-        n_ops = rng.randint(1, max_ops)
-        parts = [str(rng.randint(1, max_value))]
-        for _ in range(n_ops):
-            parts += [rng.choice(["+", "-", "*"]), str(rng.randint(1, max_value))]
-        expression = " ".join(parts)
+        expression = _expression(rng, max_ops, lambda: rng.randint(1, max_value))
         if _held_out(expression) != want_held_out:
             continue
-        i = len(tasks)
-        if not spaced:
-            expression = expression.replace(" ", "")
-        tasks.append(
-            {
-                "task_id": f"arith-{split}-{seed}-{i}",
-                "prompt": f"What is {expression}?",
-                "expression": expression,
-                "answer": format_number(evaluate(expression)),
-            }
+        tasks.append(_task(split, seed, len(tasks), expression, spaced=spaced))
+    return tasks
+
+
+def expression_space(max_ops: int, max_value: int) -> int:
+    """How many expressions of 1 to ``max_ops`` operators with operands 1..``max_value`` there are."""
+    return sum(max_value ** (k + 1) * 3**k for k in range(1, max_ops + 1))
+
+
+def make_distinct_tasks(
+    n: int,
+    *,
+    seed: int = 0,
+    max_ops: int = 1,
+    max_value: int = 999,
+    spaced: bool = True,
+    exclude: Collection[str] = (),
+    split: str = "demo",
+) -> list[dict[str, Any]]:
+    """``n`` training-split tasks with ``n`` different expressions, none in ``exclude`` (compared
+    without spaces) and none held out (the hash rule of :func:`make_tasks`, so no expression ever
+    reserved for evaluation is among them). Every operand first draws its number of digits (1 to
+    those of ``max_value``, equally likely), then its value: short operands stay as common as long
+    ones, so a wide space still holds the task's own small expressions.
+
+    The quickstart's demonstrations: drawn from a space far larger than ``n``, no expression is shown
+    twice and none can be answered from memory, only by copying it."""
+    if n > expression_space(max_ops, max_value) // 2:
+        raise ValueError(
+            f"cannot draw {n} different expressions from the {expression_space(max_ops, max_value)} with "
+            f"max_value={max_value}, max_ops={max_ops} (at most half of them)"
         )
+    rng = random.Random(f"{split}:{seed}")
+    widest = len(str(max_value))
+
+    def operand() -> int:
+        digits = rng.randint(1, widest)
+        return rng.randint(1 if digits == 1 else 10 ** (digits - 1), min(max_value, 10**digits - 1))
+
+    taken = {e.replace(" ", "") for e in exclude}
+    tasks: list[dict[str, Any]] = []
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 1000 * max(n, 1):
+            raise ValueError(f"cannot draw {n} different expressions with max_value={max_value}, max_ops={max_ops}")
+        expression = _expression(rng, max_ops, operand)
+        if _held_out(expression) or expression.replace(" ", "") in taken:
+            continue
+        taken.add(expression.replace(" ", ""))
+        tasks.append(_task(split, seed, len(tasks), expression, spaced=spaced))
     return tasks
 
 
