@@ -1,12 +1,14 @@
 """README command 1 over many seeds: does the quickstart learn whatever the seed?
 
 Runs ``agentboost quickstart --seed S`` (``agentboost train``'s loop with the quickstart's preset) for
-every seed (default 0-9), each in its own process and run directory with default settings, and reports
-per seed the held-out greedy success after the warm start and after GRPO, the improvement, the warm
-start's own check (tool use learned) and the wall time; plus the distribution (min / median / max).
+every seed (default 12 and 100-119: seeds the quickstart was never developed on, and seed 12, which did
+not learn before the warm start demonstrated a wide expression space), each in its own process and run
+directory with default settings, and reports per seed the held-out greedy success after the warm start
+and after GRPO, the improvement, the warm start's own check (tool use learned) and the wall time; plus
+the distribution (min / median / max).
 Goal: every improvement >= +0.4, every run <= 10 min on 2 cores.
 
-    python benchmarks/quickstart_seeds.py                      # seeds 0-9 one after the other
+    python benchmarks/quickstart_seeds.py                      # seeds 12, 100-119 one after the other
     python benchmarks/quickstart_seeds.py --parallel 2         # two at a time, one thread each
     python benchmarks/quickstart_seeds.py --seeds 3 7 --out runs/seeds
     python benchmarks/quickstart_seeds.py --report-only --out runs/seeds   # table + figure from finished runs
@@ -140,7 +142,7 @@ def _figure(rows: list[dict], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[12, *range(100, 120)])
     parser.add_argument("--out", default="runs/quickstart-seeds")
     parser.add_argument("--figure", default=None)
     parser.add_argument("--report-only", action="store_true", help="only tabulate runs already finished")

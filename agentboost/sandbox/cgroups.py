@@ -374,10 +374,13 @@ class Cgroups:
         self._free: list[tuple[RunLimits, RunCgroup]] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
 
     def take(self, limits: RunLimits | None = None) -> RunCgroup:
         """An empty group for one run (``limits``: other than the default)."""
         limits = limits or self.limits
+        if os.getpid() != self._pid:  # a forked copy: the parent hands out the groups it inherited
+            self._free, self._lock, self._pid = [], threading.Lock(), os.getpid()
         with self._lock:
             for i, (had, group) in enumerate(self._free):
                 if had == limits:
@@ -392,6 +395,8 @@ class Cgroups:
         this sandbox closed, or it keeps enough); False while a process is still in it."""
         if not group.empty():
             return False
+        if os.getpid() != self._pid:  # (a forked copy never keeps a group the parent may hand out)
+            return group.remove()
         with self._lock:
             if not self._closed and len(self._free) < self._keep and group.limits is not None:
                 self._free.append((group.limits, group))
