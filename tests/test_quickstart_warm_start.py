@@ -484,3 +484,60 @@ def test_with_a_sliding_window_every_demonstration_and_check_episode_is_two_traj
     assert quickstart_agent(QuickstartConfig()).agent_factory is None  # no window: the plain agent
     with pytest.raises(ValueError, match="window_size"):
         QuickstartConfig(window_size=0)
+
+
+def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(tiny, tmp_path, monkeypatch) -> None:
+    """One seed of eleven (102) stayed at loss 0.57 for 1500 steps, copying the operator but no digit:
+    at warm_start_restart_at a run with no sign of the skill and its loss still on the plateau starts
+    again from fresh weights, once, with the whole ceiling ahead; a rerun after Ctrl-C keeps that ceiling."""
+    import copy
+
+    import agentboost.quickstart as quickstart
+    from agentboost.quickstart import DemonstrationWarmStart
+
+    cfg, rows, model, template = tiny
+    rule = DemonstrationWarmStart(cfg, rows, steps=1500)
+    plateau = [2.0] * 200 + [0.6] * 700
+    assert rule.stalled(900, 0.0, plateau, restarted=False)
+    assert not rule.stalled(900, 0.0, plateau[:800] + [0.3] * 100, restarted=False)  # leaving the plateau
+    assert not rule.stalled(900, 0.1, plateau, restarted=False)  # a sign of the skill
+    assert not rule.stalled(800, 0.0, plateau[:800], restarted=False) and not rule.stalled(
+        900, 0.0, plateau, restarted=True
+    )
+    with_model = DemonstrationWarmStart(QuickstartConfig(**{**cfg.__dict__, "model": "some/dir"}), rows, steps=1500)
+    assert not with_model.stalled(900, 0.0, plateau, restarted=False)  # a real model: never
+
+    own = copy.deepcopy(model)
+    trainer = _trainer((cfg, rows, own, template), tmp_path)
+    _scripted_checks(monkeypatch, trainer, reproduced_every=0, of=8, rewarded_every=4)
+    monkeypatch.setattr(
+        DemonstrationWarmStart, "stalled", lambda self, step, *a, restarted: step == 2 and not restarted
+    )
+    seen: dict[str, object] = {}
+    fresh = quickstart.fresh_weights
+
+    def record_fresh(model, *, seed):
+        seen["before"] = {k: v.clone() for k, v in model.state_dict().items()}
+        fresh(model, seed=seed)
+        seen["after"] = {k: v.clone() for k, v in model.state_dict().items()}
+
+    monkeypatch.setattr(quickstart, "fresh_weights", record_fresh)
+    small = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 2, "sft_batch": 4})
+    saves = {"n": 0}
+    original_save = quickstart.SFTCheckpoint.save
+
+    def interrupted(self, record, *, done):
+        original_save(self, record, done=done)
+        saves["n"] += 1
+        if saves["n"] == 2:  # saved at step 4, after the restart at step 2
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(small, trainer, rows, steps=4, progress=False, directory=tmp_path / "ws")
+    assert any(not torch.equal(seen["before"][k], seen["after"][k]) for k in seen["after"])  # new weights
+    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", original_save)
+    report = warm_start(small, trainer, rows, steps=4, progress=False, directory=tmp_path / "ws")
+    assert report["steps"] == 6  # 2 before the restart, then the whole ceiling of 4
+    assert [c["step"] for c in report["checks"]] == [2, 4, 6] and report["checks"][0]["restarted"]
+    assert not any(c.get("restarted") for c in report["checks"][1:])  # once

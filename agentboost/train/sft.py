@@ -116,6 +116,19 @@ class SFTRun:
     def step(self) -> int:
         return len(self.losses)
 
+    def restart(self, steps: int) -> None:
+        """Go on from freshly initialised weights (the caller put them into the model): a new optimizer
+        (its fp32 masters and moments were the old weights') and a new warm-up; ``steps`` more steps at
+        most. The step count and the losses go on."""
+        import torch
+
+        lr = self.optimizer.optimizer.param_groups[0]["initial_lr"]
+        decay = self.optimizer.optimizer.param_groups[0]["weight_decay"]
+        self.optimizer = MasterWeightAdamW(self.model.parameters(), lr=lr, weight_decay=decay)
+        start, factor = self.step, self.scheduler.lr_lambdas[0]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, factor)
+        self.steps = start + steps
+
     def train_step(self) -> float:
         """One optimiser step on a batch drawn as :func:`sft` says; returns its loss."""
         if self.weights is None:
