@@ -390,46 +390,34 @@ class TokenModel(Model):
         key, agent = _conversation_of(model_state, invocation_state)
         if key in self._st.in_flight:
             raise RuntimeError("an agent called its TokenModel again while a call of it was in flight")
-        self._st.in_flight.add(key)
+        st = self._st
+        if st.fatal is not None:
+            raise st.fatal
+        st.in_flight.add(key)
         try:
             result, parsed_events = await self._generate(
                 messages, tool_specs, _system_text(system_prompt, system_prompt_content), cancel_signal,
                 conversation=(key, agent),
             )  # fmt: skip
+        except AgentboostError as exc:
+            # (a prompt that does not fit is the agent's to reduce, or ends the episode where it is raised)
+            if st.fatal is None and not isinstance(exc, BackendContextOverflow | ContextOverflow):
+                st.fatal = exc
+            raise
         finally:
-            self._st.in_flight.discard(key)
+            st.in_flight.discard(key)
         if result is None:  # cancelled before anything was committed
             return
         for event in parsed_events:
             yield event
 
     # -- the call ----------------------------------------------------------------------------
-    async def _generate(
-        self,
-        messages: list[dict[str, Any]],
-        tool_specs: list[dict[str, Any]] | None,
-        system: str | None,
-        cancel_signal: threading.Event | None,
-        *,
-        conversation: tuple[Any, str],
-    ) -> tuple[GenerationResult | None, list[dict[str, Any]]]:
-        st = self._st
-        if st.fatal is not None:
-            raise st.fatal
-        try:
-            return await self._call(messages, tool_specs, system, cancel_signal, conversation=conversation)
-        except AgentboostError as exc:
-            # (a prompt that does not fit is the agent's to reduce, or ends the episode where it is raised)
-            if st.fatal is None and not isinstance(exc, BackendContextOverflow | ContextOverflow):
-                st.fatal = exc
-            raise
-
     @property
     def fatal_error(self) -> AgentboostError | None:
         """The error that ends this episode, raised by one of its model calls (see ``_EpisodeState.fatal``)."""
         return self._st.fatal
 
-    async def _call(
+    async def _generate(
         self,
         messages: list[dict[str, Any]],
         tool_specs: list[dict[str, Any]] | None,

@@ -41,11 +41,8 @@ def _loss_and_grads(model, batch):
     return values.detach(), {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def test_shared_prefix_gives_the_full_forwards_logprobs_and_gradients(setup) -> None:
-    model, tokenizer, episodes = setup
-    batch = episodes_to_batch(episodes, pad_token_id=tokenizer.pad_token_id)
-    k = shared_prefix_length(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_length)
-    assert k > 100, "the quickstart's rows share the system prompt and the tool specs"
+def _assert_shared_equals_full(model, batch, k: int) -> None:
+    """The shared-prefix path is taken (with prefix ``k``) and gives the full forward's log-probs and gradients."""
     shared_model, full_model = copy.deepcopy(model), copy.deepcopy(model)
     logprobs_module._SHARES_PREFIX[full_model] = False  # as for a model whose cache cannot be shared
     shared_model.train()
@@ -65,6 +62,14 @@ def test_shared_prefix_gives_the_full_forwards_logprobs_and_gradients(setup) -> 
         assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
 
 
+def test_shared_prefix_gives_the_full_forwards_logprobs_and_gradients(setup) -> None:
+    model, tokenizer, episodes = setup
+    batch = episodes_to_batch(episodes, pad_token_id=tokenizer.pad_token_id)
+    k = shared_prefix_length(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_length)
+    assert k > 100, "the quickstart's rows share the system prompt and the tool specs"
+    _assert_shared_equals_full(model, batch, k)
+
+
 def test_rows_of_different_prompt_lengths_share_their_prefix_with_the_full_forwards_results(setup) -> None:
     # prompts are left-padded: "What is 7*8?" and "What is 714*86?" put the same system prompt at other
     # columns; realigned, they share it (the quickstart's warm start draws such expressions)
@@ -79,22 +84,7 @@ def test_rows_of_different_prompt_lengths_share_their_prefix_with_the_full_forwa
     assert len(set(starts.tolist())) > 1, "prompts of several lengths"
     k = shared_prefix_length(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_length)
     assert k > 100
-    shared_model, full_model = copy.deepcopy(model), copy.deepcopy(model)
-    logprobs_module._SHARES_PREFIX[full_model] = False
-    shared_model.train()
-    full_model.train()
-    calls = []
-    original = logprobs_module._shared_prefix_forward
-    logprobs_module._shared_prefix_forward = lambda *a, **kw: calls.append(a[-1]) or original(*a, **kw)
-    try:
-        shared_values, shared_grads = _loss_and_grads(shared_model, batch)
-        full_values, full_grads = _loss_and_grads(full_model, batch)
-    finally:
-        logprobs_module._shared_prefix_forward = original
-    assert logprobs_module._SHARES_PREFIX[shared_model] is True and k in calls
-    assert torch.allclose(shared_values, full_values, atol=1e-5)
-    for name, grad in full_grads.items():
-        assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
+    _assert_shared_equals_full(model, batch, k)
 
 
 def test_rows_without_a_common_prefix_run_in_full(setup) -> None:
