@@ -541,3 +541,63 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
     assert report["steps"] == 6  # 2 before the restart, then the whole ceiling of 4
     assert [c["step"] for c in report["checks"]] == [2, 4, 6] and report["checks"][0]["restarted"]
     assert not any(c.get("restarted") for c in report["checks"][1:])  # once
+
+
+def _greedy_and_sampled(monkeypatch, trainer, greedy_by_step: dict[int, tuple[float, float]], sampled_rewarded: float):
+    """Checks scripted per step: greedy episodes reproduce / earn reward in the shares ``greedy_by_step[step]``
+    gives (the last one given holds on), sampled ones all reproduce and ``sampled_rewarded`` earn reward."""
+    import agentboost.quickstart as quickstart
+    from agentboost.episode import Episode
+    from agentboost.types import Termination
+
+    calls: list[tuple[int, str]] = []
+
+    def rollout(rows, *, n, sampling, tag, on_episode=None):
+        step = int(tag.split("-")[3])
+        greedy = sampling.temperature == 0.0
+        calls.append((step, "greedy" if greedy else "sampled"))
+        key = max((s for s in greedy_by_step if s <= step), default=min(greedy_by_step))
+        reproduced, rewarded = greedy_by_step[key] if greedy else (1.0, sampled_rewarded)
+        episodes = []
+        for i, row in enumerate(rows):
+            episode = Episode(id=f"{tag}:{i}", task_id=row["task_id"], termination=Termination.COMPLETED)
+            episode.reward = 1.0 if i < rewarded * len(rows) else 0.0
+            episode.metadata["reproduces"] = i < reproduced * len(rows)
+            episodes.append(episode)
+        return episodes
+
+    monkeypatch.setattr(trainer, "rollout", rollout)
+    monkeypatch.setattr(quickstart, "reproduces_demonstration", lambda row, episode: episode.metadata["reproduces"])
+    return calls
+
+
+def test_a_warm_start_whose_greedy_answers_are_already_rewarded_goes_on(tiny, tmp_path, monkeypatch) -> None:
+    """Seed 103 ended its warm start with every check task reproduced greedily, but 0.70 of the held-out
+    greedy answers already in the rewarded style (the demonstrations' 30% share): GRPO could add only
+    +0.30. The warm start goes on until the greedy answers follow the demonstrated majority style."""
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    calls = _greedy_and_sampled(monkeypatch, trainer, {2: (1.0, 0.75), 6: (1.0, 0.0)}, sampled_rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    report = warm_start(run_cfg, trainer, rows, steps=20, progress=False)
+    assert report["steps"] == 6 and report["reached"]
+    assert [(c["step"], c["greedy_rewarded"]) for c in report["checks"]] == [(2, 0.75), (4, 0.75), (6, 0.0)]
+    assert (2, "sampled") not in calls and (4, "sampled") not in calls and (6, "sampled") in calls
+
+    mostly_bare = QuickstartConfig(**{**run_cfg.__dict__, "verbose_fraction": 0.3})  # the rewarded style shown most
+    other = _trainer(tiny, tmp_path / "b")
+    _greedy_and_sampled(monkeypatch, other, {2: (1.0, 0.75)}, sampled_rewarded=0.75)
+    assert warm_start(mostly_bare, other, rows, steps=20, progress=False)["steps"] == 2
+
+
+def test_a_check_below_the_target_samples_nothing_but_the_last_check_does(tiny, tmp_path, monkeypatch) -> None:
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    calls = _greedy_and_sampled(monkeypatch, trainer, {2: (0.5, 0.0)}, sampled_rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    report = warm_start(run_cfg, trainer, rows, steps=6, progress=False)
+    assert calls == [(2, "greedy"), (4, "greedy"), (6, "greedy"), (6, "sampled")]
+    assert [c["rewarded"] for c in report["checks"]] == [None, None, 0.25]
+    assert report["rewarded"] == 0.25 and report["sampled_check"] == 1.0 and not report["weak"]
