@@ -223,6 +223,30 @@ def test_a_runs_group_is_reused_once_empty_and_never_while_a_process_is_in_it() 
         box.close()
 
 
+def test_an_empty_group_the_janitor_comes_to_late_is_still_reused() -> None:
+    """On a loaded host the janitor reached a run's group more than a second after the run (busy removing
+    an earlier working directory) and removed it, empty as it was: the next run made a new group."""
+    import time
+
+    from agentboost.sandbox.workdir import janitor
+
+    box = Sandbox(SandboxConfig(wall_s=30))
+    try:
+        iso = box.isolation()
+        if iso.get("cgroup") is False:
+            pytest.skip(f"no cgroup for runs here ({iso['cgroup_setup']})")
+        assert box.run_sync("print(1)").stdout == "1\n"
+        assert janitor().flush()
+        cgroups = box._cgroups
+        group = cgroups.take()
+        janitor().call(lambda: time.sleep(1.5), "a slow clean-up ahead of it")
+        janitor().release_cgroup(group, cgroups)
+        assert janitor().flush()
+        assert cgroups.take() is group
+    finally:
+        box.close()
+
+
 def _limits_of(hierarchy, box: Sandbox) -> list[dict[str, str]]:
     out = []
     if hierarchy.version == 2:

@@ -136,10 +136,10 @@ class Janitor:
         second is never reused: what is left in it is killed and the group removed."""
         started = time.monotonic()
 
-        def attempt() -> bool:
-            if time.monotonic() - started > 1.0:
-                return group.remove(kill=True)
-            return owner.give_back(group)
+        def attempt() -> bool:  # (given back whenever it is empty, also when this thread came to it late)
+            if owner.give_back(group):
+                return True
+            return time.monotonic() - started > 1.0 and group.remove(kill=True)
 
         self._put(attempt, f"cgroup {group.name}")
 
