@@ -57,6 +57,7 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
             return {"seed": seed, "error": f"exit {code}; see {out / f'seed{seed}.log'}"}
     summary = json.loads(summary_path.read_text())
     before, after = summary["before"], summary["after"]
+    checks = summary.get("warm_start", {}).get("checks", [])
     return {
         "seed": seed,
         "before": before.get("eval/success_rate", 0.0),
@@ -65,6 +66,7 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
         "warm_start_check": summary.get("warm_start", {}).get("check"),
         "warm_start_steps": summary.get("warm_start", {}).get("steps"),
         "warm_start_weak": summary.get("warm_start", {}).get("weak"),  # below --warm-start-low: the run warned
+        "warm_start_restarted_at": next((c["step"] for c in checks if c.get("restarted")), None),
         "seconds": summary["timings"].get("total_s"),
         "timings": summary["timings"],
     }
@@ -82,6 +84,8 @@ def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one r
             lines.append(f"| {r['seed']} | failed: {r['error']} | | | | |")
             continue
         check = "-" if r["warm_start_check"] is None else f"{r['warm_start_check']:.2f} ({r['warm_start_steps']})"
+        if r.get("warm_start_restarted_at") is not None:
+            check += f" (restarted at {r['warm_start_restarted_at']})"
         lines.append(
             f"| {r['seed']} | {r['before']:.3f} | {r['after']:.3f} | {r['improvement']:+.3f} | {check} | "
             f"{r['seconds'] / 60:.1f} min{_split(r.get('timings') or {})} |"
