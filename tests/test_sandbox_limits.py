@@ -183,68 +183,69 @@ def test_each_run_gets_a_group_of_its_own_with_the_configured_limits_and_they_ar
     assert not any(os.path.exists(p) for p in hierarchy.parents.values())  # closed: all of it removed
 
 
-def test_a_runs_group_is_reused_once_empty_and_never_while_a_process_is_in_it() -> None:
-    import subprocess
-
-    from agentboost.sandbox.workdir import janitor
-
+@pytest.fixture
+def grouped_box():
+    """A sandbox whose runs get cgroups (skips where the host gives none)."""
     box = Sandbox(SandboxConfig(wall_s=30))
     try:
         iso = box.isolation()
         if iso.get("cgroup") is False:
             pytest.skip(f"no cgroup for runs here ({iso['cgroup_setup']})")
-        cgroups = box._cgroups
-        parent = next(iter(cgroups.hierarchy.parents.values()))
-
-        def groups() -> set[str]:
-            assert janitor().flush()
-            return {d for d in os.listdir(parent) if d.startswith("run-")}
-
-        assert box.run_sync("print(1)").stdout == "1\n"
-        first = groups()
-        for _ in range(3):
-            assert box.run_sync("print(2)").stdout == "2\n"
-            assert groups() == first and len(first) == 1  # one group, reused run after run
-
-        group = cgroups.take()
-        assert group.name in first and group.empty()
-        sleeper = subprocess.Popen(["sleep", "30"])
-        try:
-            for directory in group.dirs:
-                Path(directory, "cgroup.procs").write_text(str(sleeper.pid))
-            assert not group.empty() and not cgroups.give_back(group)  # busy: not taken back
-            assert cgroups.take().name != group.name  # a new one instead
-        finally:
-            sleeper.kill()
-            sleeper.wait()
-        assert group.empty() and cgroups.give_back(group)
-        assert cgroups.take() is group
+        yield box
     finally:
         box.close()
 
 
-def test_an_empty_group_the_janitor_comes_to_late_is_still_reused() -> None:
+def test_a_runs_group_is_reused_once_empty_and_never_while_a_process_is_in_it(grouped_box: Sandbox) -> None:
+    import subprocess
+
+    from agentboost.sandbox.workdir import janitor
+
+    box = grouped_box
+    cgroups = box._cgroups
+    parent = next(iter(cgroups.hierarchy.parents.values()))
+
+    def groups() -> set[str]:
+        assert janitor().flush()
+        return {d for d in os.listdir(parent) if d.startswith("run-")}
+
+    assert box.run_sync("print(1)").stdout == "1\n"
+    first = groups()
+    for _ in range(3):
+        assert box.run_sync("print(2)").stdout == "2\n"
+        assert groups() == first and len(first) == 1  # one group, reused run after run
+
+    group = cgroups.take()
+    assert group.name in first and group.empty()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        for directory in group.dirs:
+            Path(directory, "cgroup.procs").write_text(str(sleeper.pid))
+        assert not group.empty() and not cgroups.give_back(group)  # busy: not taken back
+        assert cgroups.take().name != group.name  # a new one instead
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert group.empty() and cgroups.give_back(group)
+    assert cgroups.take() is group
+
+
+def test_an_empty_group_the_janitor_comes_to_late_is_still_reused(grouped_box: Sandbox) -> None:
     """On a loaded host the janitor reached a run's group more than a second after the run (busy removing
     an earlier working directory) and removed it, empty as it was: the next run made a new group."""
     import time
 
     from agentboost.sandbox.workdir import janitor
 
-    box = Sandbox(SandboxConfig(wall_s=30))
-    try:
-        iso = box.isolation()
-        if iso.get("cgroup") is False:
-            pytest.skip(f"no cgroup for runs here ({iso['cgroup_setup']})")
-        assert box.run_sync("print(1)").stdout == "1\n"
-        assert janitor().flush()
-        cgroups = box._cgroups
-        group = cgroups.take()
-        janitor().call(lambda: time.sleep(1.5), "a slow clean-up ahead of it")
-        janitor().release_cgroup(group, cgroups)
-        assert janitor().flush()
-        assert cgroups.take() is group
-    finally:
-        box.close()
+    box = grouped_box
+    assert box.run_sync("print(1)").stdout == "1\n"
+    assert janitor().flush()
+    cgroups = box._cgroups
+    group = cgroups.take()
+    janitor().call(lambda: time.sleep(1.5), "a slow clean-up ahead of it")
+    janitor().release_cgroup(group, cgroups)
+    assert janitor().flush()
+    assert cgroups.take() is group
 
 
 def _limits_of(hierarchy, box: Sandbox) -> list[dict[str, str]]:
@@ -382,33 +383,27 @@ def test_a_sandbox_under_a_configured_v2_base_makes_a_group_per_run_and_the_laun
     del proc
 
 
-def test_a_forked_copy_of_a_sandbox_never_hands_out_the_groups_its_parent_keeps() -> None:
-    box = Sandbox(SandboxConfig(wall_s=30))
-    try:
-        iso = box.isolation()
-        if iso.get("cgroup") is False:
-            pytest.skip(f"no cgroup for runs here ({iso['cgroup_setup']})")
-        from agentboost.sandbox.workdir import janitor
+def test_a_forked_copy_of_a_sandbox_never_hands_out_the_groups_its_parent_keeps(grouped_box: Sandbox) -> None:
+    box = grouped_box
+    from agentboost.sandbox.workdir import janitor
 
-        assert box.run_sync("print(1)").stdout == "1\n"
-        assert janitor().flush()
-        kept = {group.name for _, group in box._cgroups._free}
-        assert kept
-        read, write = os.pipe()
-        child = os.fork()
-        if child == 0:  # pragma: no cover - the child reports through the pipe
-            os.close(read)
-            try:
-                name = box._cgroups.take().name
-                os.write(write, name.encode())
-                box._cgroups.give_back(box._cgroups.take())
-            finally:
-                os._exit(0)
-        os.close(write)
-        taken = os.read(read, 100).decode()
+    assert box.run_sync("print(1)").stdout == "1\n"
+    assert janitor().flush()
+    kept = {group.name for _, group in box._cgroups._free}
+    assert kept
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
         os.close(read)
-        os.waitpid(child, 0)
-        assert taken and taken not in kept  # a group of its own, not one the parent will hand out
-        assert {group.name for _, group in box._cgroups._free} == kept
-    finally:
-        box.close()
+        try:
+            name = box._cgroups.take().name
+            os.write(write, name.encode())
+            box._cgroups.give_back(box._cgroups.take())
+        finally:
+            os._exit(0)
+    os.close(write)
+    taken = os.read(read, 100).decode()
+    os.close(read)
+    os.waitpid(child, 0)
+    assert taken and taken not in kept  # a group of its own, not one the parent will hand out
+    assert {group.name for _, group in box._cgroups._free} == kept
