@@ -405,6 +405,8 @@ class DemonstrationWarmStart:
             greedy_rewarded = sum(e.reward > 0 for e in greedy) / len(greedy)
             record: dict[str, Any] = {"step": step, "greedy": skill, "greedy_rewarded": greedy_rewarded,
                                       "reproduced": None, "rewarded": None}  # fmt: skip
+            if checks and checks[-1]["step"] == step:  # (resumed at a check that did not sample: measured again)
+                checks.pop()
             checks.append(record)
             # the sampled half only where it can decide something: a check below the target goes on anyway
             if final or target is None or (skill >= target and self.imitates(greedy_rewarded)):
