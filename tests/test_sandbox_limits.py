@@ -210,10 +210,11 @@ def test_a_runs_group_is_reused_once_empty_and_never_while_a_process_is_in_it(gr
         return {d for d in os.listdir(parent) if d.startswith("run-")}
 
     assert box.run_sync("print(1)").stdout == "1\n"
-    first = groups()
+    first = groups()  # (the isolation probe's group may be one more, if it came back after this run began)
+    assert 1 <= len(first) <= 2
     for _ in range(3):
         assert box.run_sync("print(2)").stdout == "2\n"
-        assert groups() == first and len(first) == 1  # one group, reused run after run
+        assert groups() == first  # no new group: one is reused run after run
 
     group = cgroups.take()
     assert group.name in first and group.empty()
@@ -245,7 +246,7 @@ def test_an_empty_group_the_janitor_comes_to_late_is_still_reused(grouped_box: S
     janitor().call(lambda: time.sleep(1.5), "a slow clean-up ahead of it")
     janitor().release_cgroup(group, cgroups)
     assert janitor().flush()
-    assert cgroups.take() is group
+    assert any(free is group for _, free in cgroups._free)  # given back, not removed
 
 
 def _limits_of(hierarchy, box: Sandbox) -> list[dict[str, str]]:

@@ -13,7 +13,9 @@ rest of the launcher). It runs before anything untrusted and must not import age
    user namespace (unprivileged user namespaces), where this uid is mapped to itself; the hostname
    becomes ``sandbox``;
 2. PID namespace: the launcher forks; the child is PID 1 of the namespace (when it exits, the kernel
-   kills everything left in it). Exit statuses are passed up unchanged;
+   kills everything left in it). Exit statuses are passed up unchanged. A zygote child forked as root is
+   born PID 1 of a new PID namespace (``born_pid1``: the zygote unshares it around the fork), so this
+   fork is skipped;
 3. mount namespace, deny-by-default (``fs``): an empty tmpfs becomes the root (``pivot_root``); into it
    go the plan's read-only binds (interpreter, standard library, shared libraries; see
    :mod:`agentboost.sandbox.rootfs`), ``/dev/{null,zero,full,random,urandom}``, a private ``/tmp`` and
@@ -526,14 +528,17 @@ def prepare(cfg):
     _die_with_parent()
     _join_cgroups(cfg.get("cgroup", ()))
     _new_session_keyring()
-    got = _enter_namespaces(cfg, root)
+    born_pid1 = bool(cfg.get("born_pid1") and cfg.get("pid"))  # forked into a new PID namespace (zygote)
+    got = _enter_namespaces({**cfg, "pid": False} if born_pid1 else cfg, root)
+    if born_pid1:
+        got |= CLONE_NEWPID
     _die_with_parent()  # again: changing credentials (a user namespace) may clear it
     if got & CLONE_NEWUTS:
         try:
             _check(_libc.sethostname(HOSTNAME, len(HOSTNAME)), "sethostname")
         except OSError as exc:
             _note(f"no-hostname {exc}")
-    if got & CLONE_NEWPID:
+    if got & CLONE_NEWPID and not born_pid1:
         child = os.fork()
         if child:
             _close_stdio()

@@ -10,8 +10,10 @@ stdout and stderr pipes. The program's code is read from its working directory b
 every isolation layer is in place; its input and output flow through pipes between the child and the
 host. So nothing one run gives the sandbox can be found in another run's (inherited) memory.
 
-Per request the zygote forks. The child takes a new session, puts the pipes on 0/1/2 and the status
-socket on 3, closes every other descriptor and returns to the boot code, which runs
+Per request the zygote forks; as root, into a new PID namespace (the child is its PID 1: one process
+per run fewer than a child that unshares the namespace and forks again). The child takes a new session,
+puts the pipes on 0/1/2 and the status socket on 3, closes every other descriptor and returns to the boot
+code, which runs
 :func:`_launcher.prepare` (namespaces, fresh root, rlimits, uid, no capabilities, ``no_new_privs``; the
 program ends up as PID 2 of its own PID namespace, without descriptor 3) and then the program in that
 process (:mod:`_runner`, without ``exec``: that is the interpreter start saved). The zygote sends the
@@ -65,6 +67,7 @@ def serve(control_fd):
     """Serve run requests until the host goes away. Returns only in a forked child: its configuration."""
     control = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, control_fd)
     _launcher._new_session_keyring()  # not the trainer's (each run joins a new one of its own anyway)
+    own_pid_ns = _own_pid_namespace()
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
     control.send(b"ready")
     poller = select.poll()
@@ -92,15 +95,16 @@ def serve(control_fd):
                 continue
             status_fd, stdio = fds[0], fds[1:]
             try:
-                pid = os.fork()
-            except OSError as exc:
+                cfg = marshal.loads(message)
+                pid, born_pid1 = _fork(cfg, own_pid_ns)
+            except (OSError, ValueError, EOFError, TypeError) as exc:
                 _send(status_fd, b"E" + str(exc).encode())
                 for extra in fds:
                     os.close(extra)
                 continue
             if pid == 0:
                 control.detach()  # closed below with everything else; the object must not close it later
-                return _child(message, status_fd, stdio)
+                return _child(cfg, status_fd, stdio, born_pid1)
             for extra in stdio:
                 os.close(extra)
             pidfd = os.pidfd_open(pid)
@@ -109,7 +113,42 @@ def serve(control_fd):
             poller.register(pidfd, select.POLLIN)
 
 
-def _child(message, status_fd, stdio):
+def _own_pid_namespace():
+    """As root: a descriptor of this process's PID namespace, to come back to after forking a run into a
+    new one (see :func:`_fork`); else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def _fork(cfg, own_pid_ns):
+    """Fork the run's first process. As root, with a PID namespace wanted, it is born PID 1 of a new one
+    (``unshare(CLONE_NEWPID)`` here, then back to this process's own for later forks): one process per
+    run fewer than unsharing in the child, which must fork again to get into the namespace. Returns the
+    pid (0 in the child) and whether the child is PID 1 of its own namespace."""
+    fresh = own_pid_ns is not None and bool(cfg.get("pid")) and _launcher._libc.unshare(_launcher.CLONE_NEWPID) == 0
+    try:
+        pid = os.fork()
+    except OSError:
+        if fresh:
+            _back_to(own_pid_ns)
+        raise
+    if pid and fresh:
+        _back_to(own_pid_ns)
+    return pid, fresh
+
+
+def _back_to(own_pid_ns):
+    if _launcher._libc.setns(own_pid_ns, _launcher.CLONE_NEWPID) != 0:
+        # Later children would be born into the namespace of the run just forked: this zygote ends (its
+        # runs die with it and go the cold way; the host starts another zygote).
+        os._exit(70)
+
+
+def _child(cfg, status_fd, stdio, born_pid1):
     """In the forked child: a session of its own, the run's pipes on 0/1/2, the status socket on 3 (for
     PID 1 to report the program's exit; the program itself never has it) and no other descriptor."""
     os.setsid()
@@ -117,8 +156,8 @@ def _child(message, status_fd, stdio):
         os.dup2(fd, target)
     os.dup2(status_fd, _REPORT_FD)
     os.closerange(_REPORT_FD + 1, os.sysconf("SC_OPEN_MAX"))
-    cfg = marshal.loads(message)
     cfg["report_fd"] = _REPORT_FD
+    cfg["born_pid1"] = born_pid1
     return cfg
 
 
