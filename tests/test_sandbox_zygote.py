@@ -257,6 +257,38 @@ def test_no_state_carries_over_to_the_next_run(warm) -> None:
     assert after == before
 
 
+_SHARED_ROOT = (
+    "import json, os, time\n"
+    "parent = os.path.dirname(os.getcwd())\n"
+    "seen = sorted(os.listdir(parent))\n"
+    "denied = []\n"
+    "for path in ('/x', '/usr/x', '/etc/x', parent + '/x', '/dev/x', '/proc/x'):\n"
+    "    try:\n"
+    "        open(path, 'w').close()\n"
+    "    except OSError:\n"
+    "        denied.append(path)\n"
+    "open('mine', 'w').write(os.getcwd())\n"
+    "time.sleep(0.5)\n"
+    "print(json.dumps({'cwd': os.path.basename(os.getcwd()), 'seen': seen, 'denied': denied,\n"
+    "                  'here': sorted(os.listdir('.')), 'tmp': os.listdir('/tmp')}))\n"
+)
+
+
+def test_runs_at_once_share_nothing_writable_and_each_sees_only_its_own_working_directory(warm) -> None:
+    """As root a zygote builds the read-only part of the root once and its runs copy it: two runs at the
+    same time still see only their own working directory, and none can write to what they share."""
+
+    async def both():
+        return await asyncio.gather(*(warm.run(_SHARED_ROOT) for _ in range(2)))
+
+    reports = [json.loads(r.stdout) for r in asyncio.run(both())]
+    assert reports[0]["cwd"] != reports[1]["cwd"]
+    for report in reports:
+        assert report["seen"] == [report["cwd"]], report
+        assert len(report["denied"]) == 6, report
+        assert report["here"] == ["main.py", "mine"] and report["tmp"] == [], report
+
+
 def test_a_dead_zygote_is_replaced_and_a_run_in_flight_is_rerun(caplog, monkeypatch) -> None:
     box = Sandbox(SandboxConfig(uid_base=63400, uid_count=8))
     try:

@@ -21,7 +21,10 @@ rest of the launcher). It runs before anything untrusted and must not import age
    :mod:`agentboost.sandbox.rootfs`), ``/dev/{null,zero,full,random,urandom}``, a private ``/tmp`` and
    ``/dev/shm``, a private ``/proc`` (with the PID namespace) and the working directory: a tmpfs of its
    own (size- and inode-limited like ``/tmp``) into which the staged files are copied; then the root is
-   made read-only. A read-only bind remount keeps the source's nosuid/nodev/noexec
+   made read-only. A zygote as root builds the part every run shares (stage, binds, devices, mount
+   points) once, in a mount namespace of its own, read-only (:func:`build_template`); its runs copy that
+   namespace and add only their own ``/tmp``, ``/dev/shm``, working directory (in a private tmpfs over its
+   parent) and ``/proc`` (:func:`_from_template`). A read-only bind remount keeps the source's nosuid/nodev/noexec
    (read with ``statvfs``): inside a user namespace the kernel refuses to clear those locked flags.
    Without ``fs``, or if building it fails: the host's tree with private tmpfs over ``/tmp``,
    ``/var/tmp``, ``/dev/shm``, the working directory (its files copied in) and an empty read-only tmpfs
@@ -483,6 +486,75 @@ def _fresh_root(fs, workdir, proc, uid):
             _note(f"no-read-only-root {exc}")
 
 
+def template_key(fs, workdir):
+    """What a zygote's template root is built from (see :func:`build_template`); None where a run cannot
+    use one: its working directory's parent is not a fixed directory of the stage outside what the plan
+    binds (the fresh root is then built per run)."""
+    parent = os.path.dirname(workdir)
+    if parent.startswith(PRIVATE_DIRS) or parent in ("/tmp", "/dev/shm"):
+        return None
+    if any(parent == op[1] or parent.startswith(op[1] + "/") or op[1].startswith(parent + "/") for op in fs["ops"]):
+        return None
+    return marshal.dumps((fs["stage"], fs["ops"], parent))
+
+
+def build_template(fs, key):
+    """In a zygote's own mount namespace (as root): the part of the fresh root that is the same for every
+    run, built once: the stage tmpfs with the plan's read-only binds and hidden directories, the devices,
+    the mount points of ``/tmp``, ``/dev/shm``, ``/proc`` and of the working directories' parent, all of
+    it read-only (the stage's files are shared by the zygote's runs: no run can write there). A run's
+    child unshares its mount namespace (a copy of this one) and adds only what is its own
+    (:func:`_fresh_root` with ``template``). False where it cannot be built (the runs build it all)."""
+    stage, ops, parent = marshal.loads(key)
+    _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
+    skeleton = _Skeleton(stage)
+    binds, hides = _lay_out(stage, skeleton, [op for op in ops if not op[1].startswith(PRIVATE_DIRS)])
+    for name in DEVICES:
+        skeleton.file(stage + "/dev/" + name)
+    for name, target in DEV_LINKS:
+        os.symlink(target, stage + "/dev/" + name)
+    for directory in ("/tmp", "/dev/shm", parent):
+        skeleton.dir(stage + directory)
+    skeleton.dir(stage + "/proc", 0o555)
+    _bind_and_hide(stage, binds, hides)
+    if not _read_only_tree(stage):
+        return False
+    for name in DEVICES:
+        _bind("/dev/" + name, stage + "/dev/" + name, MS_NOSUID | MS_NOEXEC)
+    return True
+
+
+def _from_template(fs, workdir, proc, uid):
+    """A run's fresh root on its copy of the zygote's template (:func:`build_template`): private ``/tmp``,
+    ``/dev/shm``, what the plan puts there, the working directory (in a private tmpfs over its parent),
+    ``/proc``; then ``pivot_root``."""
+    stage = fs["stage"]
+    files = _staged(workdir)
+    skeleton = _Skeleton(stage)
+    for directory in ("/tmp", "/dev/shm"):
+        _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "1777"))
+        skeleton.made.add(stage + directory)
+    skeleton.made.add(stage + "/dev")
+    private = [op for op in fs["ops"] if op[1].startswith(PRIVATE_DIRS)]
+    if private:
+        private_binds, private_hides = _lay_out(stage, skeleton, private)
+        _bind_and_hide(stage, private_binds, private_hides)
+        for path in private_binds:
+            if not _read_only_tree(stage + path):
+                _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+    parent = stage + os.path.dirname(workdir)
+    _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=8,mode=755")
+    os.mkdir(stage + workdir, 0o700)
+    _mount(None, parent, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    _private_workdir(stage + workdir, files, fs, uid)
+    if proc:
+        try:
+            _mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+        except OSError as exc:
+            _note(f"no-private-proc {exc}")
+    _pivot(stage)
+
+
 def _deny_list(cfg, proc):
     """The host's tree with private temporary directories, a private working directory and the ``hidden``
     directories covered."""
@@ -544,6 +616,19 @@ def prepare(cfg):
             _close_stdio()
             _wait_and_exit(child)
         _die_with_parent()
+    report = cfg.get("report_fd")
+    if got & CLONE_NEWPID:
+        # The program's process is forked at once and sets up the rest itself: PID 1 runs as little as
+        # it can (every page a forked process writes is copied, and copied again in a child forked later).
+        # PID 1 stays a reaper the program cannot stop: from inside, the kernel drops every signal PID 1
+        # has no handler for, and Python's one handler (SIGINT) is ignored; the program gets it back.
+        _libc.signal(SIGINT, SIG_IGN)  # (not the signal module: importing it costs milliseconds)
+        program = os.fork()
+        if program:
+            _close_stdio()
+            _reap_until(program, report)
+        _libc.signal(SIGINT, SIG_DFL)
+        _die_with_parent()
     uid = cfg.get("uid") if root else None
     if got & CLONE_NEWNS:
         try:
@@ -554,7 +639,10 @@ def prepare(cfg):
             built = False
             if cfg.get("fs"):
                 try:
-                    _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
+                    if cfg.get("template"):  # the zygote built the rest once (its mount namespace, copied)
+                        _from_template(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
+                    else:
+                        _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
                     built = True
                 except OSError as exc:
                     _note(f"no-fresh-root {exc}")
@@ -562,17 +650,6 @@ def prepare(cfg):
                 _deny_list(cfg, bool(got & CLONE_NEWPID))
     else:
         _note("no-workdir-tmpfs no mount namespace")
-    report = cfg.get("report_fd")
-    if got & CLONE_NEWPID:
-        # PID 1 stays a reaper the program cannot stop: from inside, the kernel drops every signal PID 1
-        # has no handler for, and Python's one handler (SIGINT) is ignored; the program gets it back.
-        _libc.signal(SIGINT, SIG_IGN)  # (not the signal module: importing it costs milliseconds)
-        program = os.fork()
-        if program:
-            _close_stdio()
-            _reap_until(program, report)
-        _libc.signal(SIGINT, SIG_DFL)
-        _die_with_parent()
     if report is not None:
         os.close(report)  # the program never holds the status channel
 

@@ -11,7 +11,9 @@ every isolation layer is in place; its input and output flow through pipes betwe
 host. So nothing one run gives the sandbox can be found in another run's (inherited) memory.
 
 Per request the zygote forks; as root, into a new PID namespace (the child is its PID 1: one process
-per run fewer than a child that unshares the namespace and forks again). The child takes a new session,
+per run fewer than a child that unshares the namespace and forks again), and in a mount namespace of
+its own it builds the read-only part of the runs' root once (:func:`_launcher.build_template`), which each
+run's mount namespace copies. The child takes a new session,
 puts the pipes on 0/1/2 and the status socket on 3, closes every other descriptor and returns to the boot
 code, which runs
 :func:`_launcher.prepare` (namespaces, fresh root, rlimits, uid, no capabilities, ``no_new_privs``; the
@@ -68,6 +70,7 @@ def serve(control_fd):
     control = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, control_fd)
     _launcher._new_session_keyring()  # not the trainer's (each run joins a new one of its own anyway)
     own_pid_ns = _own_pid_namespace()
+    template, tried = None, False  # the template root built in this zygote's own mount namespace (its key)
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
     control.send(b"ready")
     poller = select.poll()
@@ -96,6 +99,11 @@ def serve(control_fd):
             status_fd, stdio = fds[0], fds[1:]
             try:
                 cfg = marshal.loads(message)
+                if own_pid_ns is not None and cfg.get("fs") and cfg.get("mount"):  # (as root)
+                    key = _launcher.template_key(cfg["fs"], cfg["workdir"])
+                    if key is not None and not tried:
+                        tried, template = True, _template(key, cfg["fs"])
+                    cfg["template"] = key is not None and key == template
                 pid, born_pid1 = _fork(cfg, own_pid_ns)
             except (OSError, ValueError, EOFError, TypeError) as exc:
                 _send(status_fd, b"E" + str(exc).encode())
@@ -122,6 +130,19 @@ def _own_pid_namespace():
         return os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+
+
+def _template(key, fs):
+    """Build the runs' template root (:func:`_launcher.build_template`) in a mount namespace of this
+    zygote's own; its key, or None (the runs then build the whole root each)."""
+    try:
+        _launcher._unshare(_launcher.CLONE_NEWNS)
+        _launcher._mount(None, "/", None, _launcher.MS_REC | _launcher.MS_PRIVATE, None)
+        if _launcher.build_template(fs, key):
+            return key
+    except OSError:
+        pass
+    return None
 
 
 def _fork(cfg, own_pid_ns):
