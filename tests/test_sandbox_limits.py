@@ -179,7 +179,9 @@ def test_each_run_gets_a_group_of_its_own_with_the_configured_limits_and_they_ar
     for limits in busy:
         assert limits["memory"] == str(200 * 1024 * 1024) and limits["pids"] == "24", limits
         assert limits["cpu"] in ("50000", "50000 100000"), limits
-    assert len(left) <= 2  # kept (empty) for the next runs: at most one per run that ran at once
+    # kept (empty) for the next runs: at most one per run that ran at once, and the isolation probe's (its
+    # processes may still be exiting when these two runs take their groups)
+    assert len(left) <= 3
     assert not any(os.path.exists(p) for p in hierarchy.parents.values())  # closed: all of it removed
 
 

@@ -486,25 +486,14 @@ def _fresh_root(fs, workdir, proc, uid):
             _note(f"no-read-only-root {exc}")
 
 
-def template_key(fs, workdir):
-    """What a zygote's template root is built from (see :func:`build_template`); None where a run cannot
-    use one: its working directory's parent is not a fixed directory of the stage outside what the plan
-    binds (the fresh root is then built per run)."""
-    parent = os.path.dirname(workdir)
-    if parent.startswith(PRIVATE_DIRS) or parent in ("/tmp", "/dev/shm"):
-        return None
-    if any(parent == op[1] or parent.startswith(op[1] + "/") or op[1].startswith(parent + "/") for op in fs["ops"]):
-        return None
-    return marshal.dumps((fs["stage"], fs["ops"], parent))
-
-
-def build_template(fs, key):
+def build_template(key):
     """In a zygote's own mount namespace (as root): the part of the fresh root that is the same for every
     run, built once: the stage tmpfs with the plan's read-only binds and hidden directories, the devices,
     the mount points of ``/tmp``, ``/dev/shm``, ``/proc`` and of the working directories' parent, all of
     it read-only (the stage's files are shared by the zygote's runs: no run can write there). A run's
     child unshares its mount namespace (a copy of this one) and adds only what is its own
-    (:func:`_fresh_root` with ``template``). False where it cannot be built (the runs build it all)."""
+    (:func:`_from_template`). ``key``: ``marshal`` of (stage, plan ops, the working directories' parent),
+    from the host (``Sandbox._template``). False where it cannot be built (the runs build it all)."""
     stage, ops, parent = marshal.loads(key)
     _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     skeleton = _Skeleton(stage)

@@ -65,12 +65,12 @@ def _send(fd, payload, pass_fd=None):
         sock.detach()
 
 
-def serve(control_fd):
+def serve(control_fd, template=None):
     """Serve run requests until the host goes away. Returns only in a forked child: its configuration."""
     control = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, control_fd)
     _launcher._new_session_keyring()  # not the trainer's (each run joins a new one of its own anyway)
     own_pid_ns = _own_pid_namespace()
-    template, tried = None, False  # the template root built in this zygote's own mount namespace (its key)
+    parent = _template(bytes.fromhex(template)) if template and own_pid_ns is not None else None
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
     control.send(b"ready")
     poller = select.poll()
@@ -99,11 +99,8 @@ def serve(control_fd):
             status_fd, stdio = fds[0], fds[1:]
             try:
                 cfg = marshal.loads(message)
-                if own_pid_ns is not None and cfg.get("fs") and cfg.get("mount"):  # (as root)
-                    key = _launcher.template_key(cfg["fs"], cfg["workdir"])
-                    if key is not None and not tried:
-                        tried, template = True, _template(key, cfg["fs"])
-                    cfg["template"] = key is not None and key == template
+                cfg["template"] = bool(parent and cfg.get("fs") and cfg.get("mount") and
+                                       cfg["workdir"].rpartition("/")[0] == parent)  # fmt: skip
                 pid, born_pid1 = _fork(cfg, own_pid_ns)
             except (OSError, ValueError, EOFError, TypeError) as exc:
                 _send(status_fd, b"E" + str(exc).encode())
@@ -132,15 +129,16 @@ def _own_pid_namespace():
         return None
 
 
-def _template(key, fs):
-    """Build the runs' template root (:func:`_launcher.build_template`) in a mount namespace of this
-    zygote's own; its key, or None (the runs then build the whole root each)."""
+def _template(key):
+    """As root, before serving: build the runs' template root (:func:`_launcher.build_template`) in a
+    mount namespace of this zygote's own. Returns the working directories' parent it serves, or None (the
+    runs then build the whole root each)."""
     try:
         _launcher._unshare(_launcher.CLONE_NEWNS)
         _launcher._mount(None, "/", None, _launcher.MS_REC | _launcher.MS_PRIVATE, None)
-        if _launcher.build_template(fs, key):
-            return key
-    except OSError:
+        if _launcher.build_template(key):
+            return marshal.loads(key)[2]
+    except (OSError, ValueError, EOFError, TypeError, IndexError):
         pass
     return None
 

@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from .status import ExitStatus
 from .zygote import Zygote, ZygoteError, ZygoteRun
 
+T = TypeVar("T")
 MARK = "agentboost-sandbox:"
 """Prefix of the launcher's notes on the program's stderr (a layer it could not set up)."""
 DRAIN_S = 2.0
@@ -179,7 +181,34 @@ class CappedReader:
 async def drain(readers: list[CappedReader]) -> None:
     """Wait for the readers to reach end of file: at once when every process of the run is gone; a
     process that left its session and holds the pipe (no PID namespace) costs at most ``DRAIN_S``."""
+    if all(r.done.done() for r in readers):
+        return  # (the common case: no waiter, no timer)
     await asyncio.wait([r.done for r in readers], timeout=DRAIN_S)
+
+
+def feed_now(stdin: Fd, data: bytes) -> bytes:
+    """Write what the pipe takes of ``data`` at once without blocking; close ``stdin`` (end of file) when
+    all of it went. Returns the rest, for :func:`feed` (most inputs fit in a pipe: no task, no wake-up)."""
+    view = memoryview(data)
+    try:
+        os.set_blocking(stdin.fd, False)
+        while view:
+            view = view[os.write(stdin.fd, view[:65536]) :]
+    except BlockingIOError:
+        return bytes(view)
+    except OSError:  # the program closed its stdin or exited
+        pass
+    stdin.close()
+    return b""
+
+
+async def wait_within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """``asyncio.wait_for`` without the task it wraps the awaitable in, where the loop has
+    ``asyncio.timeout`` (3.11+); raises ``TimeoutError`` either way."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(timeout_s):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout=timeout_s)
 
 
 async def feed(stdin: Fd, data: bytes) -> None:

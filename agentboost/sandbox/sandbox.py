@@ -69,9 +69,11 @@ from .process import (
     StartedProcess,
     drain,
     feed,
+    feed_now,
     kill_group,
     pipes,
     split_notes,
+    wait_within,
 )
 from .report import LAYERS, log_isolation
 from .rootfs import RootPlan
@@ -207,7 +209,23 @@ class Sandbox:
         env = self._program_env("/")
         if locale[0] == "C":
             env["LC_ALL"] = "C"  # the C locale, as in the program's root (a run's environment is its own)
-        return Zygote(self._program_argv(python)[:-1], env)
+        return Zygote(self._program_argv(python)[:-1], env, self._template())
+
+    def _template(self) -> bytes | None:
+        """What a zygote (as root) builds the read-only part of its runs' root from, once (stage, the
+        plan's operations, the working directories' parent; ``_launcher.build_template``); None where runs
+        build it all: not root, no deny-by-default root, or working directories inside a private
+        directory or among what the plan binds."""
+        c = self.config
+        if not (self._is_root and self._plan is not None and c.deny_by_default and c.private_tmp):
+            return None
+        parent = str(self._root)
+        ops = list(self._plan.ops)
+        if parent.startswith(("/tmp/", "/dev/shm/")) or parent in ("/tmp", "/dev/shm"):
+            return None
+        if any(parent == op[1] or inside(parent, op[1]) or inside(op[1], parent) for op in ops):
+            return None
+        return marshal.dumps((str(self._stage), ops, parent))
 
     def _new_pool(self, python: str, locale: list[Any]) -> ZygotePool:
         return ZygotePool(lambda: self._new_zygote(python, locale), self.config.runs_per_zygote)
@@ -369,23 +387,26 @@ class Sandbox:
             out = CappedReader(run.stdout, stdout_cap or self.config.stdout_cap, proc.kill)
             err = CappedReader(run.stderr, self.config.stderr_cap, proc.kill)
             readers = [out, err]
-            feeding = asyncio.ensure_future(feed(run.stdin, stdin.encode("utf-8", errors="replace")))
+            rest = feed_now(run.stdin, stdin.encode("utf-8", errors="replace"))
+            feeding = asyncio.ensure_future(feed(run.stdin, rest)) if rest else None
             timed_out = False
             try:
                 try:
-                    status = await asyncio.wait_for(proc.wait(), timeout=timeout_s)
+                    status = await wait_within(proc.wait(), timeout_s)
                 except (TimeoutError, asyncio.TimeoutError):
                     timed_out = True
                     proc.kill()
                     status = await proc.wait()
             except ZygoteError as exc:  # the zygote died under this run: its outcome is unknown
-                feeding.cancel()
+                if feeding is not None:
+                    feeding.cancel()
                 assert isinstance(proc, ForkedProcess)
                 self._zygote_failed(proc.zygote, exc)
                 return await self._run(code, stdin, timeout_s, uid, python, stdout_cap=stdout_cap, zygotes=False,
                                        on_launch=on_launch)  # fmt: skip
             await drain(readers)
-            feeding.cancel()
+            if feeding is not None:
+                feeding.cancel()
             notes, stderr_text = split_notes(err.data.decode("utf-8", errors="replace"))
             self.executions += 1
             return SandboxResult(
