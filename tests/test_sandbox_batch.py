@@ -167,6 +167,35 @@ def test_a_slow_program_stops_the_batch_after_its_first_timeout(new) -> None:
     assert time.monotonic() - started < 10
 
 
+_SCANS_ITS_MEMORY = """
+import re, sys
+sys.stdin.read()
+found = set()
+with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb', 0) as mem:
+    for line in maps:
+        span, perms = line.split()[:2]
+        if perms.startswith('r'):
+            lo, hi = (int(x, 16) for x in span.split('-'))
+            try:
+                mem.seek(lo)
+                found.update(m.decode() for m in re.findall(rb'SECRET-[0-9]{4}-INPUT', mem.read(hi - lo)))
+            except (OSError, ValueError, OverflowError):
+                pass
+print(' '.join(sorted(found)))
+"""
+
+
+def test_no_program_finds_a_later_input_in_its_memory(new) -> None:
+    """The host sends the next input while the harness runs this one; the harness reads frame by frame, so
+    the next input waits in the pipe, not in the memory each child inherits from the harness."""
+    tests = [TestCase(f"SECRET-{i:04d}-INPUT\n", "") for i in range(12)]
+    outcomes = asyncio.run(run_test_cases(new, _SCANS_ITS_MEMORY, tests, timeout_s=5.0))
+    for i, outcome in enumerate(outcomes):
+        seen = {int(m.split("-")[1]) for m in outcome.got.split()}
+        assert i in seen, (i, outcome.got)  # the scan works: it finds the input it was given
+        assert max(seen) == i, (i, outcome.got)
+
+
 def test_shipped_sample_problems_get_the_same_verdicts(new, old, tmp_path) -> None:
     """Every DeepCoder sample problem: its reference solution passes every test and a wrong program
     fails, with the same verdicts as one sandbox per test."""

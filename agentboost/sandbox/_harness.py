@@ -10,7 +10,7 @@ no capabilities, cannot reach it that way). It takes a mount namespace of its ow
 compiles ``main.py`` (the program, as in a single run) once, then for each input the host sends:
 
 * forks a child in a process group of its own, with fresh pipes on 0/1/2 and no other descriptor. The
-  child enters a new IPC namespace, mounts a new size- and inode-limited tmpfs on the working directory
+  child enters new IPC and mount namespaces, mounts a new size- and inode-limited tmpfs on the working directory
   (``main.py`` written into it from the harness's memory), on ``/tmp`` and ``/dev/shm`` (or the
   deny-list's private directories), joins a new session keyring and clears its user keyrings, drops every
   capability, makes the interpreter look freshly started on ``main.py`` (:func:`_runner.enter`), runs the
@@ -24,14 +24,16 @@ compiles ``main.py`` (the program, as in a single run) once, then for each input
   child as soon as it writes more on either: that pipe is read no more), kills the child's process group at
   the wall-clock limit;
 * once the child has exited: SIGKILL to every other process of the namespace (``kill(-1)`` spares only
-  PID 1 and the harness: whatever the program left behind dies before the next input), then takes the
-  input's mounts off again;
+  PID 1 and the harness: whatever the program left behind dies before the next input); the input's mounts
+  went with its mount namespace, when its last process exited (one unmount for all, none in the harness);
 * reports the outcome: the program's wait status as such (an exit status stays apart from a death by a
   signal), timed out, truncations, wall time, the kept output.
 
 Frames, both ways, are a 4-byte little-endian length and a payload. Host to harness (trusted): marshal,
 first the setup, then one input per frame (its index and stdin: nothing derived from its expected output,
-the host compares); end of file ends the harness. Harness to host (the host must treat it as untrusted,
+the host compares; the host sends the next input while this one runs, and the harness reads a frame's
+exact bytes: the next one stays in the pipe, never in the memory a child inherits); end of file ends the
+harness. Harness to host (the host must treat it as untrusted,
 the program could have tampered with its parent): fixed little-endian fields (index u32, wait status i32,
 flags u8, wall µs u32, stdout length u32 + bytes, stderr length u32 + bytes). Not cleaned: the harness's
 own memory, which each child inherits: remnants of this program's earlier inputs and outputs may lie in
@@ -61,7 +63,6 @@ from _launcher import (  # inlined here by the host
     KEY_SPEC_USER_KEYRING,
     KEY_SPEC_USER_SESSION_KEYRING,
     KEYCTL_CLEAR,
-    MNT_DETACH,
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
@@ -101,7 +102,8 @@ class _Harness:
 
     def _read_exact(self, n):
         while len(self.buffer) < n:
-            chunk = os.read(0, max(65536, n - len(self.buffer)))
+            chunk = os.read(0, n - len(self.buffer))  # never past this frame: the host sends the next one
+            # ahead, and what the harness holds in memory when it forks a child is the child's to read
             if not chunk:
                 return None
             self.buffer += chunk
@@ -120,7 +122,6 @@ class _Harness:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ready_r, ready_w = os.pipe()
-        places = _mounted(setup)
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
@@ -205,7 +206,6 @@ class _Harness:
         except OSError:
             setup_failed = True
         os.close(ready_r)
-        _unmount(places)
         flags = (TIMED_OUT if timed_out else 0) | (OUT_CUT if cut[out_r] else 0) | (ERR_CUT if cut[err_r] else 0)
         flags |= SETUP_FAILED if setup_failed and not killed else 0
         out, err = bytes(kept[out_r]), bytes(kept[err_r])
@@ -232,11 +232,11 @@ class _Harness:
 
 
 def _program(setup, code, json):
-    """In the forked child: a fresh IPC namespace, working directory, /tmp and /dev/shm (new tmpfs mounts in
-    the harness's mount namespace), new keyrings, no capabilities; then the program."""
+    """In the forked child: fresh IPC and mount namespaces, working directory, /tmp and /dev/shm (new tmpfs
+    mounts in its own mount namespace: they go with the input's last process), new keyrings, no
+    capabilities; then the program."""
     try:
-        if setup["ipc"]:
-            _unshare(CLONE_NEWIPC)
+        _unshare(CLONE_NEWNS | (CLONE_NEWIPC if setup["ipc"] else 0))  # its mounts go with its last process
         limits = {"tmp_mb": setup["tmp_mb"], "max_files": setup["max_files"]}
         os.umask(0o022)
         for directory in setup["private_dirs"]:
@@ -262,24 +262,6 @@ def _program(setup, code, json):
     finish(run(main, code), shared)
 
 
-def _mounted(setup):
-    """The places an input mounts over (in mounting order), each with the device it shows before."""
-    return [(p, os.stat(p).st_dev) for p in (*setup["private_dirs"], setup["workdir"])]
-
-
-def _unmount(places):
-    """Take the input's mounts off again (the harness's mount namespace is back as before it)."""
-    for path, device in reversed(places):
-        for _ in range(8):
-            try:
-                if os.stat(path).st_dev == device:
-                    break
-            except OSError:
-                pass
-            if _libc.umount2(path.encode(), MNT_DETACH) != 0:
-                break
-
-
 def _way_to(path):
     """Make the directories leading to ``path`` (and ``path``) that are missing, mode 0755."""
     missing = []
@@ -302,7 +284,7 @@ def _serve():
     if _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:  # its /proc entries (report channel, memory) out of
         sys.stderr.write("batch harness: cannot protect itself; refusing to run\n")  # its children's reach
         os._exit(3)
-    try:  # a mount namespace of its own, where each input's fresh mounts go (and come off again)
+    try:  # a mount namespace of its own (private: an input's mounts, in a copy of it, propagate nowhere)
         _unshare(CLONE_NEWNS)
         _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     except OSError as exc:
@@ -321,7 +303,12 @@ def _serve():
         import json  # once here: importing it in every child would cost more than the rest of a test
     import gc
 
+    gc.collect()
     gc.freeze()  # what is here now is never collected: each input's collections (and exit) skip it
+    try:  # the heap the compile of this harness left behind, back to the system: fewer pages for each fork
+        _libc.malloc_trim(0)  # to copy (page tables) and each exit to unmap (about 2 MB here)
+    except AttributeError:
+        pass  # (not glibc)
     while (frame := harness.read_frame()) is not None:
         harness.write_frame(harness.one(setup, code, json, marshal.loads(frame)))
     os._exit(0)

@@ -138,14 +138,14 @@ async def run_batch(
     ``stdout_cap``: bytes of stdout kept per input, the same for all (a program writing more is killed).
     ``single(i)`` runs input ``i`` on its own (inputs the harness failed to report). ``on_result(i, r)``
     sees every result as it comes; returning True stops the batch: inputs not finished are None.
-    ``workers``: harness sessions at once (default: as many as CPU cores, at least 2, within the
-    sandbox's slots). Cancelled or stopped, it releases every session it started before it returns."""
+    ``workers``: harness sessions at once (default: one more than CPU cores, within the sandbox's slots:
+    each session also waits, on its children's exits and on the host, while the others run). Cancelled or stopped, it releases every session it started before it returns."""
     if not inputs:
         return []
     results: list[SandboxResult | None] = [None] * len(inputs)
     queue = collections.deque(range(len(inputs)))
     stop = asyncio.Event()
-    count = workers or max(2, os.cpu_count() or 2)
+    count = workers or (os.cpu_count() or 1) + 1  # one more than cores: each session also waits (its exits)
     count = max(1, min(count, len(inputs), sandbox.config.slots))
 
     def record(i: int, result: SandboxResult) -> None:
@@ -195,18 +195,28 @@ async def _session(
     async with sandbox._session(files, script=HARNESS) as run:
         channel = _Channel(run)
         diagnostics = CappedReader(run.stderr, 16 * 1024)
+        limit = stdout_cap + sandbox.config.stderr_cap + _HEADER + 8
+
+        def payload(i: int) -> bytes:
+            return marshal.dumps({"i": i, "stdin": inputs[i].stdin.encode("utf-8", errors="replace")})
+
+        ahead: int | None = None  # the next input, sent while the harness still runs this one
         try:
             await channel.send(marshal.dumps(_setup(sandbox, run, timeout_s, stdout_cap, preload_json)))
-            for n in range(PER_SESSION):
-                if not queue or stop.is_set():
-                    return None
-                if n and run.lease is not None and sandbox.slots.should_yield(run.lease):
-                    return None  # another owner's turn: this worker queues again for a slot
-                i = queue.popleft()
-                payload = {"i": i, "stdin": inputs[i].stdin.encode("utf-8", errors="replace")}
+            if not queue or stop.is_set():
+                return None
+            i = queue.popleft()
+            try:
+                await channel.send(payload(i))
+            except _Anomaly:
+                return i
+            for n in range(1, PER_SESSION + 1):
+                rest = b""
+                yielding = run.lease is not None and sandbox.slots.should_yield(run.lease)  # another owner's turn
+                if n < PER_SESSION and queue and not stop.is_set() and not yielding:
+                    ahead = queue.popleft()
+                    rest = channel.send_ahead(payload(ahead))  # (what the pipe did not take: after the report)
                 try:
-                    await channel.send(marshal.dumps(payload))
-                    limit = stdout_cap + sandbox.config.stderr_cap + _HEADER + 8
                     frame = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit)
                     result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid)
                 except _Anomaly as exc:
@@ -214,8 +224,18 @@ async def _session(
                     logger.warning("sandbox batch harness failed input %d (%s) %s; running it alone", i, exc, tail)
                     return i
                 record(i, result)
+                if ahead is None or stop.is_set():
+                    return None
+                i, ahead = ahead, None
+                if rest:
+                    try:
+                        await channel.send(rest, framed=False)
+                    except _Anomaly:
+                        return i
             return None
         finally:
+            if ahead is not None:  # sent ahead but never reported: back to the queue's front
+                queue.appendleft(ahead)
             channel.close()
             diagnostics.close()
 
@@ -329,8 +349,19 @@ class _Channel:
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup, left)
 
-    async def send(self, payload: bytes) -> None:
-        view = memoryview(len(payload).to_bytes(4, "little") + payload)
+    def send_ahead(self, payload: bytes) -> bytes:
+        """Frame ``payload`` and write what the pipe takes now without waiting (the harness reads it once it
+        has reported the input it runs: it reads a frame's exact bytes, never more); returns the rest, for
+        :meth:`send` with ``framed=False`` (empty where all of it went; all of it where the harness is gone)."""
+        data = len(payload).to_bytes(4, "little") + payload
+        view = memoryview(data)
+        with contextlib.suppress(OSError):  # full (BlockingIOError), or the harness is gone: send() says so
+            while view and self._run.stdin.fd >= 0:
+                view = view[os.write(self._run.stdin.fd, view[: 1 << 20]) :]
+        return bytes(view)
+
+    async def send(self, payload: bytes, *, framed: bool = True) -> None:
+        view = memoryview(len(payload).to_bytes(4, "little") + payload if framed else payload)
         stdin = self._run.stdin
         while view:
             if stdin.fd < 0:
