@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
@@ -194,6 +195,35 @@ def test_no_program_finds_a_later_input_in_its_memory(new) -> None:
         seen = {int(m.split("-")[1]) for m in outcome.got.split()}
         assert i in seen, (i, outcome.got)  # the scan works: it finds the input it was given
         assert max(seen) == i, (i, outcome.got)
+
+
+_LEAVES_FILES_ON_SOME = """
+import os
+n = int(input())
+found = any(os.path.exists(p) for p in ('/tmp/left', '/dev/shm/left', 'left'))
+if n in (2, 3):
+    with open(('/tmp/left', '/dev/shm/left', 'left')[n % 3], 'wb') as fh:
+        fh.write(b'x' * 4_000_000)
+print(n, sum(1 for _ in open('/proc/self/mountinfo')), found)
+"""
+
+
+def test_inputs_that_leave_files_have_their_mounts_taken_off_at_once(new) -> None:
+    """An input whose fresh mounts hold nothing at its end keeps them (covered by the next input's) until
+    the session ends; one that left a file has them taken off before the next input: its files hold no
+    memory of the run past it, and no later input sees them."""
+    from agentboost.sandbox.batch import BatchInput, run_batch
+
+    async def alone(i: int):
+        raise AssertionError(f"input {i} was not reported")
+
+    results = asyncio.run(run_batch(new, _LEAVES_FILES_ON_SOME, [BatchInput(f"{i}\n") for i in range(6)],
+                                    timeout_s=5.0, stdout_cap=1000, single=alone, workers=1))  # fmt: skip
+    seen = [r.stdout.split() for r in results]
+    assert [s[0] for s in seen] == [str(i) for i in range(6)] and {s[2] for s in seen} == {"False"}, seen
+    counts = [int(s[1]) for s in seen]
+    steps = [b - a for a, b in itertools.pairwise(counts)]
+    assert steps[0] > 0 and steps == [steps[0], steps[0], 0, 0, steps[0]], seen  # none kept after inputs 2, 3
 
 
 def test_shipped_sample_problems_get_the_same_verdicts(new, old, tmp_path) -> None:

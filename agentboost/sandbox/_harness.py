@@ -10,7 +10,7 @@ no capabilities, cannot reach it that way). It takes a mount namespace of its ow
 compiles ``main.py`` (the program, as in a single run) once, then for each input the host sends:
 
 * forks a child in a process group of its own, with fresh pipes on 0/1/2 and no other descriptor. The
-  child enters new IPC and mount namespaces, mounts a new size- and inode-limited tmpfs on the working directory
+  child enters a new IPC namespace, mounts a new size- and inode-limited tmpfs on the working directory
   (``main.py`` written into it from the harness's memory), on ``/tmp`` and ``/dev/shm`` (or the
   deny-list's private directories), joins a new session keyring and clears its user keyrings, drops every
   capability, makes the interpreter look freshly started on ``main.py`` (:func:`_runner.enter`), runs the
@@ -24,8 +24,12 @@ compiles ``main.py`` (the program, as in a single run) once, then for each input
   child as soon as it writes more on either: that pipe is read no more), kills the child's process group at
   the wall-clock limit;
 * once the child has exited: SIGKILL to every other process of the namespace (``kill(-1)`` spares only
-  PID 1 and the harness: whatever the program left behind dies before the next input); the input's mounts
-  went with its mount namespace, when its last process exited (one unmount for all, none in the harness);
+  PID 1 and the harness: whatever the program left behind dies before the next input). An input whose
+  mounts hold nothing more than its child found after setting them up (free blocks and inodes, counted by
+  the child before the program and by the harness after it: a file or directory left, a byte written to
+  ``main.py``, an extended attribute count) keeps them, covered by the next input's fresh mounts, until
+  the session ends (an unmount waits for an RCU grace period, as long as a short test). Others have them
+  taken off at once;
 * reports the outcome: the program's wait status as such (an exit status stays apart from a death by a
   signal), timed out, truncations, wall time, the kept output.
 
@@ -40,7 +44,8 @@ own memory, which each child inherits: remnants of this program's earlier inputs
 freed heap (never another program's, never an expected output or anything derived from one). Not forwarded:
 isolation notes (the host has them from its probe). Differences from a single run: the program's parent is
 the harness (PID 2), not PID 1, and its own pid varies; its network and UTS namespaces, cgroup, hash seed
-and address layout are the session's. Where an input cannot be given its fresh mounts (no capabilities:
+and address layout are the session's; ``/proc/self/mountinfo`` lists the earlier inputs' covered, empty
+mounts. Where an input cannot be given its fresh mounts (no capabilities:
 the kernel refused the run a user namespace of its own), it reports a setup failure and the host runs
 every input in a sandbox of its own.
 """
@@ -63,6 +68,7 @@ from _launcher import (  # inlined here by the host
     KEY_SPEC_USER_KEYRING,
     KEY_SPEC_USER_SESSION_KEYRING,
     KEYCTL_CLEAR,
+    MNT_DETACH,
     MS_NODEV,
     MS_NOEXEC,
     MS_NOSUID,
@@ -76,6 +82,7 @@ from _launcher import (  # inlined here by the host
     _private_workdir,
     _tmpfs_options,
     _unshare,
+    warm,
 )
 from _runner import enter, finish, run  # inlined here by the host
 
@@ -122,6 +129,7 @@ class _Harness:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         ready_r, ready_w = os.pipe()
+        places = _mounted(setup)
         started = time.monotonic()
         pid = os.fork()
         if pid == 0:
@@ -200,12 +208,18 @@ class _Harness:
             if fd >= 0:
                 os.close(fd)
         self._sweep()
+        fresh = None
         try:
             os.set_blocking(ready_r, False)
-            setup_failed = os.read(ready_r, 8) != b"R"
-        except OSError:
-            setup_failed = True
+            ready = os.read(ready_r, 4096)
+            if ready[:1] == b"R":
+                fresh = marshal.loads(ready[1:])
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
         os.close(ready_r)
+        setup_failed = fresh is None
+        if setup_failed or fresh != _usage(places):
+            _unmount(places)  # this input's mounts hold something (or are half made): off now
         flags = (TIMED_OUT if timed_out else 0) | (OUT_CUT if cut[out_r] else 0) | (ERR_CUT if cut[err_r] else 0)
         flags |= SETUP_FAILED if setup_failed and not killed else 0
         out, err = bytes(kept[out_r]), bytes(kept[err_r])
@@ -232,11 +246,12 @@ class _Harness:
 
 
 def _program(setup, code, json):
-    """In the forked child: fresh IPC and mount namespaces, working directory, /tmp and /dev/shm (new tmpfs
-    mounts in its own mount namespace: they go with the input's last process), new keyrings, no
-    capabilities; then the program."""
+    """In the forked child: a fresh IPC namespace, working directory, /tmp and /dev/shm (new tmpfs mounts in
+    the harness's mount namespace), new keyrings, no capabilities; then the program. Tells the harness
+    it is ready with what its mounts hold before the program runs (free blocks and inodes of each)."""
     try:
-        _unshare(CLONE_NEWNS | (CLONE_NEWIPC if setup["ipc"] else 0))  # its mounts go with its last process
+        if setup["ipc"]:
+            _unshare(CLONE_NEWIPC)
         limits = {"tmp_mb": setup["tmp_mb"], "max_files": setup["max_files"]}
         os.umask(0o022)
         for directory in setup["private_dirs"]:
@@ -254,12 +269,38 @@ def _program(setup, code, json):
     _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(setup["workdir"])
-    os.write(3, b"R")
+    os.write(3, b"R" + marshal.dumps(_usage([(p, None) for p in (*setup["private_dirs"], setup["workdir"])])))
     os.close(3)
     main, shared = enter(_BASELINE, setup["script"], ["main.py"], setup["orig_argv"], setup["env"])
     if json is not None:
         sys.modules["json"] = json  # imported once by the harness: the driver's import finds it
     finish(run(main, code), shared)
+
+
+def _mounted(setup):
+    """The places an input mounts over (in mounting order), each with the device it shows before."""
+    return [(p, os.stat(p).st_dev) for p in (*setup["private_dirs"], setup["workdir"])]
+
+
+def _usage(places):
+    """Free blocks and inodes (space for inodes and extended attributes) of each place's filesystem."""
+    try:
+        return [(v.f_bfree, v.f_ffree) for v in (os.statvfs(path) for path, _ in places)]
+    except OSError:
+        return None
+
+
+def _unmount(places):
+    """Take the input's mounts off again (the harness's mount namespace is back as before it)."""
+    for path, device in reversed(places):
+        for _ in range(8):
+            try:
+                if os.stat(path).st_dev == device:
+                    break
+            except OSError:
+                pass
+            if _libc.umount2(path.encode(), MNT_DETACH) != 0:
+                break
 
 
 def _way_to(path):
@@ -284,7 +325,7 @@ def _serve():
     if _prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:  # its /proc entries (report channel, memory) out of
         sys.stderr.write("batch harness: cannot protect itself; refusing to run\n")  # its children's reach
         os._exit(3)
-    try:  # a mount namespace of its own (private: an input's mounts, in a copy of it, propagate nowhere)
+    try:  # a mount namespace of its own, where each input's fresh mounts go (private: they propagate nowhere)
         _unshare(CLONE_NEWNS)
         _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     except OSError as exc:
@@ -303,6 +344,7 @@ def _serve():
         import json  # once here: importing it in every child would cost more than the rest of a test
     import gc
 
+    warm()
     gc.collect()
     gc.freeze()  # what is here now is never collected: each input's collections (and exit) skip it
     try:  # the heap the compile of this harness left behind, back to the system: fewer pages for each fork

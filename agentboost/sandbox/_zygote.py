@@ -71,6 +71,7 @@ def serve(control_fd, template=None):
     _launcher._new_session_keyring()  # not the trainer's (each run joins a new one of its own anyway)
     own_pid_ns = _own_pid_namespace()
     parent = _template(bytes.fromhex(template)) if template and own_pid_ns is not None else None
+    _launcher.warm()
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
     control.send(b"ready")
     poller = select.poll()

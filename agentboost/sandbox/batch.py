@@ -139,7 +139,8 @@ async def run_batch(
     ``single(i)`` runs input ``i`` on its own (inputs the harness failed to report). ``on_result(i, r)``
     sees every result as it comes; returning True stops the batch: inputs not finished are None.
     ``workers``: harness sessions at once (default: one more than CPU cores, within the sandbox's slots:
-    each session also waits, on its children's exits and on the host, while the others run). Cancelled or stopped, it releases every session it started before it returns."""
+    each session also waits, on its children's exits and on the host, while the others run). Cancelled or
+    stopped, it releases every session it started before it returns."""
     if not inputs:
         return []
     results: list[SandboxResult | None] = [None] * len(inputs)
