@@ -421,6 +421,52 @@ def _tmpfs_options(fs, mode):
     return f"size={fs['tmp_mb']}m,nr_inodes={fs.get('max_files', 4096)},mode={mode}"
 
 
+def _sent_files(cfg):
+    """The run's files from the descriptor the host sent them in (the zygote passed it on unread: no run's
+    code ever is in a zygote's memory), as (name, bytes, mode); closes it. None where none was sent."""
+    fd = cfg.pop("files_fd", None)
+    if fd is None:
+        return None
+    try:
+        files, offset = [], 0
+        for name, size, mode in cfg["files"]:
+            data = b""
+            while len(data) < size:
+                chunk = os.pread(fd, size - len(data), offset + len(data))
+                if not chunk:
+                    raise OSError(5, f"the run's files end early ({name})")
+                data += chunk
+            files.append((name, data, mode))
+            offset += size
+        return files
+    finally:
+        os.close(fd)
+
+
+def _close_sent_files(cfg):
+    """In a process that never reads them (PID 1, a launcher waiting for its child)."""
+    if cfg.get("files_fd") is not None:
+        os.close(cfg.pop("files_fd"))
+
+
+def _materialize(workdir, files, uid):
+    """Stage ``files`` (sent with the request) in ``workdir`` on the host, as the host stages them, for a
+    run that cannot take them into a template root: the rest of its set-up reads them there."""
+    os.mkdir(workdir, 0o700)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    for name, data, mode in files:
+        fd = os.open(workdir + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if uid is not None:
+                os.fchown(fd, uid, uid)
+        finally:
+            os.close(fd)
+
+
 def _staged(workdir):
     """The staged files of the working directory: (name, bytes, mode), read before it is covered."""
     files = []
@@ -528,12 +574,12 @@ def build_template(key):
     return True
 
 
-def _from_template(fs, workdir, proc, uid):
+def _from_template(fs, workdir, files, proc, uid):
     """A run's fresh root on its copy of the zygote's template (:func:`build_template`): private ``/tmp``,
-    ``/dev/shm``, what the plan puts there, the working directory (in a private tmpfs over its parent),
-    ``/proc``; then ``pivot_root``."""
+    ``/dev/shm``, what the plan puts there, the working directory (in a private tmpfs over its parent,
+    holding ``files``: sent with the request, or staged on the host), ``/proc``; then ``pivot_root``."""
     stage = fs["stage"]
-    files = _staged(workdir)
+    files = files or _staged(workdir)
     skeleton = _Skeleton(stage)
     for directory in ("/tmp", "/dev/shm"):
         _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "1777"))
@@ -618,6 +664,7 @@ def prepare(cfg):
         child = os.fork()
         if child:
             _close_stdio()
+            _close_sent_files(cfg)
             _wait_and_exit(child)
         _die_with_parent()
     report = cfg.get("report_fd")
@@ -630,10 +677,15 @@ def prepare(cfg):
         program = os.fork()
         if program:
             _close_stdio()
+            _close_sent_files(cfg)
             _reap_until(program, report)
         _libc.signal(SIGINT, SIG_DFL)
         _die_with_parent()
     uid = cfg.get("uid") if root else None
+    files = _sent_files(cfg)
+    if files is not None and not (cfg.get("template") and got & CLONE_NEWNS):
+        _materialize(cfg["workdir"], files, uid)  # (the host's own tree: before any mount here)
+        files = None
     if got & CLONE_NEWNS:
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
@@ -644,7 +696,7 @@ def prepare(cfg):
             if cfg.get("fs"):
                 try:
                     if cfg.get("template"):  # the zygote built the rest once (its mount namespace, copied)
-                        _from_template(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
+                        _from_template(cfg["fs"], cfg["workdir"], files, bool(got & CLONE_NEWPID), uid)
                     else:
                         _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
                     built = True

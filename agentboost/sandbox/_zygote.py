@@ -39,7 +39,8 @@ import _launcher
 import _runner
 
 _MAX_REQUEST = 1 << 20
-_FDS_PER_REQUEST = 4
+_FDS_PER_REQUEST = 4  # status, stdin, stdout, stderr (and, optionally, the run's files)
+_FILES_FD = 4
 _REPORT_FD = 3
 
 
@@ -87,17 +88,17 @@ def serve(control_fd, template=None):
                 os.close(status_fd)
                 os.close(fd)
                 continue
-            message, ancillary, _, _ = control.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(4 * _FDS_PER_REQUEST))
+            message, ancillary, _, _ = control.recvmsg(_MAX_REQUEST, _socket.CMSG_SPACE(4 * (_FDS_PER_REQUEST + 1)))
             fds = _fds(ancillary)
             if not message:  # end of file: the host is gone
                 for pid, _ in children.values():
                     os.kill(pid, 9)  # not reaped yet: the pid is still this child's
                 os._exit(0)
-            if len(fds) != _FDS_PER_REQUEST:
+            if len(fds) not in (_FDS_PER_REQUEST, _FDS_PER_REQUEST + 1):
                 for extra in fds:
                     os.close(extra)
                 continue
-            status_fd, stdio = fds[0], fds[1:]
+            status_fd, stdio = fds[0], fds[1:]  # (stdio: with the files' descriptor, if sent, last)
             try:
                 cfg = marshal.loads(message)
                 cfg["template"] = bool(parent and cfg.get("fs") and cfg.get("mount") and
@@ -170,12 +171,20 @@ def _back_to(own_pid_ns):
 
 def _child(cfg, status_fd, stdio, born_pid1):
     """In the forked child: a session of its own, the run's pipes on 0/1/2, the status socket on 3 (for
-    PID 1 to report the program's exit; the program itself never has it) and no other descriptor."""
+    PID 1 to report the program's exit; the program itself never has it), the run's files on 4 where the
+    host sent them (read and closed by the launcher) and no other descriptor."""
     os.setsid()
-    for target, fd in enumerate(stdio):
+    for target, fd in enumerate(stdio[:3]):
         os.dup2(fd, target)
+    files = stdio[3] if len(stdio) > 3 else None
+    if files == _REPORT_FD:  # (taken by the status socket next)
+        files = os.dup(files)
     os.dup2(status_fd, _REPORT_FD)
-    os.closerange(_REPORT_FD + 1, os.sysconf("SC_OPEN_MAX"))
+    if files is not None:
+        if files != _FILES_FD:
+            os.dup2(files, _FILES_FD)
+        cfg["files_fd"] = _FILES_FD
+    os.closerange(_FILES_FD + (files is not None), os.sysconf("SC_OPEN_MAX"))
     cfg["report_fd"] = _REPORT_FD
     cfg["born_pid1"] = born_pid1
     return cfg

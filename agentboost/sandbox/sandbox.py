@@ -79,7 +79,7 @@ from .report import LAYERS, log_isolation
 from .rootfs import RootPlan
 from .slots import SlotLease, Slots
 from .uids import UidLease, kill_uid, lock_dir, try_lease
-from .workdir import dispose_workdir, janitor, make_root, make_workdir
+from .workdir import dispose_workdir, janitor, make_root, make_workdir, workdir_path
 from .zygote import Zygote, ZygoteError, ZygotePool
 
 __all__ = ["LAYERS", "Sandbox", "SandboxConfig", "SandboxResult", "SandboxUnavailable"]
@@ -90,10 +90,33 @@ LAUNCHER = str(Path(__file__).with_name("_launcher.py"))
 _BOOT = f"import sys; sys.path.append({str(Path(__file__).parent)!r}); import _launcher; _launcher.main()"
 """Runs the launcher as a module, not a script: its bytecode is cached (a script is compiled on every run)."""
 _INLINE_BYTES = 256 * 1024
+_SENT_BYTES = 64 * 1024
+"""Files up to this size go with a zygote request (template roots): no staging directory on the host."""
 SESSION_MB = 64
 """Memory a batch session's cgroup has beyond ``memory_mb``: the harness itself."""
 _CHILDREN = 4
 """Processes of a run beyond the program's own (the launcher, PID 1 and, in a batch session, the harness)."""
+
+
+def _memory_file(files: dict[str, str]) -> tuple[int, list[tuple[str, int, int]]] | None:
+    """``files`` written one after another into a new memory file: its descriptor and what it holds
+    ((name, size, mode) each); None where memory files cannot be made (the run's files are then staged)."""
+    try:
+        fd = os.memfd_create("agentboost-run-files", os.MFD_CLOEXEC)
+    except (AttributeError, OSError):
+        return None
+    try:
+        index = []
+        for name, text in files.items():
+            data = text.encode("utf-8")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            index.append((name, len(data), 0o644))
+    except OSError:
+        os.close(fd)
+        return None
+    return fd, index
 
 
 @dataclass
@@ -109,6 +132,8 @@ class _Run:
     files: tuple[str, ...]
     cgroup: RunCgroup | None = None
     lease: SlotLease | None = None
+    staged: bool = True
+    """Its files were staged in ``workdir`` on the host (else sent with the zygote request)."""
 
 
 class Sandbox:
@@ -209,7 +234,13 @@ class Sandbox:
         env = self._program_env("/")
         if locale[0] == "C":
             env["LC_ALL"] = "C"  # the C locale, as in the program's root (a run's environment is its own)
-        return Zygote(self._program_argv(python)[:-1], env, self._template())
+        return Zygote(self._program_argv(python)[:-1], env, self._template_key())
+
+    def _template_key(self) -> bytes | None:
+        """:meth:`_template`, computed once."""
+        if not hasattr(self, "_template_cached"):
+            self._template_cached = self._template()
+        return self._template_cached
 
     def _template(self) -> bytes | None:
         """What a zygote (as root) builds the read-only part of its runs' root from, once (stage, the
@@ -465,7 +496,11 @@ class Sandbox:
         uid = lease.uid if lease is not None else None
         if uid is not None and not self._contained_by_pid_namespace():
             await asyncio.to_thread(kill_uid, uid)  # strays of a holder of this uid that died (we hold the lease now)
-        if sum(map(len, files.values())) <= _INLINE_BYTES:
+        size = sum(map(len, files.values()))
+        staged = not (zygotes and self._zygotes is not None and self._template_key() and size <= _SENT_BYTES)
+        if not staged:  # the zygote's child writes them into the run's own tmpfs: no host files at all
+            workdir = workdir_path(self._root)
+        elif size <= _INLINE_BYTES:
             workdir = make_workdir(self._root, files, uid)  # a directory and small files: less than a thread hop
         else:
             workdir = await asyncio.to_thread(make_workdir, self._root, files, uid)
@@ -474,13 +509,13 @@ class Sandbox:
             group = self._take_cgroup(SESSION_MB if session else 0)
             config = self._launch_config(workdir, uid, python, script=script, cgroup=group)
             config["keep_capabilities"] = session and not (self._is_root and uid is None)  # never root's own
-            proc, (stdin, stdout, stderr) = await self._start(config, workdir, uid, zygotes)
+            proc, (stdin, stdout, stderr) = await self._start(config, workdir, uid, zygotes, None if staged else files)
         except BaseException:
-            dispose_workdir(workdir, files)
+            dispose_workdir(workdir, files, staged=staged)
             if group is not None:
                 self._release_cgroup(group)
             raise
-        return _Run(workdir, uid, proc, Fd(stdin), Fd(stdout), Fd(stderr), tuple(files), group)
+        return _Run(workdir, uid, proc, Fd(stdin), Fd(stdout), Fd(stderr), tuple(files), group, staged=staged)
 
     async def _dispose(self, run: _Run) -> None:
         """Kill what is left of ``run``, release its descriptors, remove its working directory and cgroup.
@@ -496,21 +531,27 @@ class Sandbox:
                 pipe.close()
             if run.uid is not None and not self._contained_by_pid_namespace() and run.cgroup is None:
                 kill_uid(run.uid)  # no PID namespace to take its strays down (before the uid is leased again)
-            dispose_workdir(run.workdir, run.files)
+            dispose_workdir(run.workdir, run.files, staged=run.staged)
             if run.cgroup is not None:
                 self._release_cgroup(run.cgroup)
 
     async def _start(
-        self, config: dict[str, Any], workdir: Path, uid: int | None, zygotes: bool
+        self, config: dict[str, Any], workdir: Path, uid: int | None, zygotes: bool, files: dict[str, str] | None
     ) -> tuple[RunProcess, tuple[int, int, int]]:
         """Start the program (forked by a zygote, else cold); returns it and this side's pipe ends
-        (stdin to write, stdout and stderr to read)."""
+        (stdin to write, stdout and stderr to read). ``files``: not staged in ``workdir``: sent to the
+        zygote's child in a memory file (staged here if the run starts cold)."""
         pool = self._zygotes if zygotes else None
         zygote = await pool.take() if pool is not None else None
+        sent = _memory_file(files) if files is not None and zygote is not None else None
+        if files is not None and zygote is not None and sent is None:  # no memory file: staged after all
+            await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
+            files = None
         if zygote is not None:
             ends = pipes(3)
             try:
-                run = await zygote.spawn(config, ends[0][0], ends[1][1], ends[2][1])
+                run = await zygote.spawn({**config, "files": sent[1]} if sent else config, ends[0][0], ends[1][1],
+                                         ends[2][1], files=sent[0] if sent else None)  # fmt: skip
             except ZygoteError as exc:
                 for fd in (ends[0][1], ends[1][0], ends[2][0]):
                     os.close(fd)
@@ -521,6 +562,11 @@ class Sandbox:
                 raise
             else:
                 return ForkedProcess(run, zygote), (ends[0][1], ends[1][0], ends[2][0])
+            finally:
+                if sent:
+                    os.close(sent[0])
+        if files is not None:  # not staged for the zygote: a started launcher reads them from the host
+            await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
         ends = pipes(4)
         config = {**config, "report_fd": ends[3][1]}
         try:

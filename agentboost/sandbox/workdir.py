@@ -74,9 +74,15 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def make_workdir(root: Path, files: dict[str, str], uid: int | None) -> Path:
-    """A new staging directory holding ``files`` (owned by ``uid`` when given)."""
-    workdir = root / f"run-{os.getpid()}-{secrets.token_hex(6)}"
+def workdir_path(root: Path) -> Path:
+    """A new run's working directory (its name only: nothing is made)."""
+    return root / f"run-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def make_workdir(root: Path, files: dict[str, str], uid: int | None, workdir: Path | None = None) -> Path:
+    """A new staging directory (``workdir``, default a new one of ``root``) holding ``files`` (owned by
+    ``uid`` when given)."""
+    workdir = workdir or workdir_path(root)
     workdir.mkdir(mode=0o700)
     try:
         for name, text in files.items():
@@ -103,10 +109,14 @@ def remove_fast(workdir: Path, files: Any) -> bool:
     return True
 
 
-def dispose_workdir(workdir: Path, files: Any) -> None:
+def dispose_workdir(workdir: Path, files: Any, *, staged: bool = True) -> None:
     """Remove a run's staging directory, on the janitor's thread: at once if it is as it was written, else
     as a tree. (Not on the caller's event loop: where the host's disk is mounted with ``discard``, an
-    ``rmdir`` waits for the device, 0.2 ms a run here, and every run of the loop waited with it.)"""
+    ``rmdir`` waits for the device, 0.2 ms a run here, and every run of the loop waited with it.)
+    ``staged`` False: the run got its files with its request; a directory is there only where its
+    launcher had to stage them after all."""
+    if not staged and not os.path.lexists(workdir):
+        return
     names = tuple(files)
 
     def dispose() -> None:

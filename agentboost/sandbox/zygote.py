@@ -193,11 +193,14 @@ class Zygote:
         """Alive, and this process's own (not one inherited through ``fork``)."""
         return self._owner == os.getpid() and self._control.fileno() >= 0 and self._proc.poll() is None
 
-    async def spawn(self, config: dict[str, Any], stdin: int, stdout: int, stderr: int) -> ZygoteRun:
-        """Fork a run with these (child-side) pipe ends; they are closed here either way."""
+    async def spawn(
+        self, config: dict[str, Any], stdin: int, stdout: int, stderr: int, files: int | None = None
+    ) -> ZygoteRun:
+        """Fork a run with these (child-side) pipe ends; they are closed here either way. ``files``: a
+        descriptor the child reads the run's files from (the zygote passes it on unread; left open here)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            fds = [theirs.fileno(), stdin, stdout, stderr]
+            fds = [theirs.fileno(), stdin, stdout, stderr, *([] if files is None else [files])]
             payload = marshal.dumps(config)
             with self._lock:
                 if not self.usable or self._retired:
