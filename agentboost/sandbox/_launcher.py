@@ -449,24 +449,6 @@ def _close_sent_files(cfg):
         os.close(cfg.pop("files_fd"))
 
 
-def _materialize(workdir, files, uid):
-    """Stage ``files`` (sent with the request) in ``workdir`` on the host, as the host stages them, for a
-    run that cannot take them into a template root: the rest of its set-up reads them there."""
-    os.mkdir(workdir, 0o700)
-    if uid is not None:
-        os.chown(workdir, uid, uid)
-    for name, data, mode in files:
-        fd = os.open(workdir + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if uid is not None:
-                os.fchown(fd, uid, uid)
-        finally:
-            os.close(fd)
-
-
 def _staged(workdir):
     """The staged files of the working directory: (name, bytes, mode), read before it is covered."""
     files = []
@@ -682,10 +664,7 @@ def prepare(cfg):
         _libc.signal(SIGINT, SIG_DFL)
         _die_with_parent()
     uid = cfg.get("uid") if root else None
-    files = _sent_files(cfg)
-    if files is not None and not (cfg.get("template") and got & CLONE_NEWNS):
-        _materialize(cfg["workdir"], files, uid)  # (the host's own tree: before any mount here)
-        files = None
+    files = _sent_files(cfg)  # (sent only with a template root: see _from_template)
     if got & CLONE_NEWNS:
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE, None)

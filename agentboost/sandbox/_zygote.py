@@ -74,7 +74,7 @@ def serve(control_fd, template=None):
     parent = _template(bytes.fromhex(template)) if template and own_pid_ns is not None else None
     _launcher.warm()
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
-    control.send(b"ready")
+    control.send(b"ready template" if parent else b"ready")
     poller = select.poll()
     poller.register(control_fd, select.POLLIN)
     children = {}  # pidfd -> (pid, status fd)
@@ -103,6 +103,8 @@ def serve(control_fd, template=None):
                 cfg = marshal.loads(message)
                 cfg["template"] = bool(parent and cfg.get("fs") and cfg.get("mount") and
                                        cfg["workdir"].rpartition("/")[0] == parent)  # fmt: skip
+                if "files" in cfg and not cfg["template"]:  # (the host sends files only to a templated zygote)
+                    raise ValueError("run files sent for a run without the template root")
                 pid, born_pid1 = _fork(cfg, own_pid_ns)
             except (OSError, ValueError, EOFError, TypeError) as exc:
                 _send(status_fd, b"E" + str(exc).encode())

@@ -509,9 +509,12 @@ class Sandbox:
             group = self._take_cgroup(SESSION_MB if session else 0)
             config = self._launch_config(workdir, uid, python, script=script, cgroup=group)
             config["keep_capabilities"] = session and not (self._is_root and uid is None)  # never root's own
-            proc, (stdin, stdout, stderr) = await self._start(config, workdir, uid, zygotes, None if staged else files)
+            proc, (stdin, stdout, stderr), staged_late = await self._start(
+                config, workdir, uid, zygotes, None if staged else files
+            )
+            staged = staged or staged_late
         except BaseException:
-            dispose_workdir(workdir, files, staged=staged)
+            dispose_workdir(workdir, files, staged=staged or os.path.lexists(workdir))
             if group is not None:
                 self._release_cgroup(group)
             raise
@@ -537,16 +540,18 @@ class Sandbox:
 
     async def _start(
         self, config: dict[str, Any], workdir: Path, uid: int | None, zygotes: bool, files: dict[str, str] | None
-    ) -> tuple[RunProcess, tuple[int, int, int]]:
-        """Start the program (forked by a zygote, else cold); returns it and this side's pipe ends
-        (stdin to write, stdout and stderr to read). ``files``: not staged in ``workdir``: sent to the
-        zygote's child in a memory file (staged here if the run starts cold)."""
+    ) -> tuple[RunProcess, tuple[int, int, int], bool]:
+        """Start the program (forked by a zygote, else cold); returns it, this side's pipe ends (stdin to
+        write, stdout and stderr to read) and whether it staged ``files`` in ``workdir``. ``files``: not
+        staged yet: sent to the zygote's child in a memory file where the zygote has a template root, else
+        staged here."""
         pool = self._zygotes if zygotes else None
         zygote = await pool.take() if pool is not None else None
-        sent = _memory_file(files) if files is not None and zygote is not None else None
-        if files is not None and zygote is not None and sent is None:  # no memory file: staged after all
+        sent = _memory_file(files) if files is not None and zygote is not None and zygote.templated else None
+        staged = False
+        if files is not None and zygote is not None and sent is None:  # staged on the host after all
             await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
-            files = None
+            files, staged = None, True
         if zygote is not None:
             ends = pipes(3)
             try:
@@ -561,12 +566,13 @@ class Sandbox:
                     os.close(fd)
                 raise
             else:
-                return ForkedProcess(run, zygote), (ends[0][1], ends[1][0], ends[2][0])
+                return ForkedProcess(run, zygote), (ends[0][1], ends[1][0], ends[2][0]), staged
             finally:
                 if sent:
                     os.close(sent[0])
         if files is not None:  # not staged for the zygote: a started launcher reads them from the host
             await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
+            staged = True
         ends = pipes(4)
         config = {**config, "report_fd": ends[3][1]}
         try:
@@ -583,7 +589,7 @@ class Sandbox:
             for fd in (ends[0][0], ends[1][1], ends[2][1], ends[3][1]):
                 os.close(fd)
         return StartedProcess(proc, lambda: self._kill(proc.pid, uid), Fd(ends[3][0])), (
-            ends[0][1], ends[1][0], ends[2][0])  # fmt: skip
+            ends[0][1], ends[1][0], ends[2][0]), staged  # fmt: skip
 
     def _zygote_failed(self, zygote: Zygote, exc: ZygoteError) -> None:
         """A run could not go through ``zygote``: it runs cold, and later runs get another zygote."""

@@ -113,9 +113,8 @@ def dispose_workdir(workdir: Path, files: Any, *, staged: bool = True) -> None:
     """Remove a run's staging directory, on the janitor's thread: at once if it is as it was written, else
     as a tree. (Not on the caller's event loop: where the host's disk is mounted with ``discard``, an
     ``rmdir`` waits for the device, 0.2 ms a run here, and every run of the loop waited with it.)
-    ``staged`` False: the run got its files with its request; a directory is there only where its
-    launcher had to stage them after all."""
-    if not staged and not os.path.lexists(workdir):
+    ``staged`` False: nothing to remove (the run got its files with its request)."""
+    if not staged:
         return
     names = tuple(files)
 

@@ -173,9 +173,11 @@ class Zygote:
         except OSError as exc:
             self.close()
             raise ZygoteError(f"zygote did not start: {exc}") from None
-        if hello != b"ready":
+        if hello not in (b"ready", b"ready template"):
             self.close()
             raise ZygoteError(f"zygote did not start: {self.diagnostics() or 'no output'}")
+        self.templated = hello == b"ready template"
+        """It built the template root: its runs can take their files from a memory file (``spawn(files=...)``)."""
         ours.settimeout(_SEND_TIMEOUT_S)
         self.forked = 0
         """Runs handed to it so far."""
