@@ -91,7 +91,7 @@ _BOOT = f"import sys; sys.path.append({str(Path(__file__).parent)!r}); import _l
 """Runs the launcher as a module, not a script: its bytecode is cached (a script is compiled on every run)."""
 _INLINE_BYTES = 256 * 1024
 _SENT_BYTES = 64 * 1024
-"""Files up to this size go with a zygote request (template roots): no staging directory on the host."""
+"""Files up to this size go to a templated zygote's run in a memory file: no staging directory on the host."""
 SESSION_MB = 64
 """Memory a batch session's cgroup has beyond ``memory_mb``: the harness itself."""
 _CHILDREN = 4
@@ -147,6 +147,7 @@ class Sandbox:
         self._isolation: dict[str, Any] | None = None
         self._python: str | None = None
         self._plan: RootPlan | None = None
+        self._template_cached: tuple[bytes | None] | None = None
         self._root = make_root(self.config.root, self._is_root)
         self._stage = self._root / ".stage"
         self._stage.mkdir(mode=0o755, exist_ok=True)
@@ -237,10 +238,10 @@ class Sandbox:
         return Zygote(self._program_argv(python)[:-1], env, self._template_key())
 
     def _template_key(self) -> bytes | None:
-        """:meth:`_template`, computed once."""
-        if not hasattr(self, "_template_cached"):
-            self._template_cached = self._template()
-        return self._template_cached
+        """:meth:`_template`, computed once the root plan is known (by the isolation probe)."""
+        if self._template_cached is None and self._plan is not None:
+            self._template_cached = (self._template(),)
+        return self._template_cached[0] if self._template_cached else None
 
     def _template(self) -> bytes | None:
         """What a zygote (as root) builds the read-only part of its runs' root from, once (stage, the
