@@ -226,6 +226,37 @@ def test_inputs_that_leave_files_have_their_mounts_taken_off_at_once(new) -> Non
     assert steps[0] > 0 and steps == [steps[0], steps[0], 0, 0, steps[0]], seen  # none kept after inputs 2, 3
 
 
+_STOPS_ITS_HARNESS = """
+import os, signal, sys, time
+n = int(input())
+r, w = os.pipe()
+if os.fork() == 0:  # wakes the harness up once the program has exited
+    os.close(w)
+    os.read(r, 1)
+    os.kill(2, signal.SIGCONT)
+    os._exit(0)
+os.close(r)
+try:
+    os.kill(os.getppid(), signal.SIGSTOP)  # the harness cannot enforce the time limit while stopped
+except OSError:
+    pass
+time.sleep(n)
+print(n)
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_program_that_stops_its_harness_still_times_out(new) -> None:
+    """The program and its harness share a uid: it can stop the harness (SIGSTOP) and run past its time
+    limit while a helper wakes the harness after its exit. The exit came too late: a timeout, as alone."""
+    tests = [TestCase("2\n", "2\n"), TestCase("0\n", "0\n")]
+    batched = asyncio.run(run_test_cases(new, _STOPS_ITS_HARNESS, tests, timeout_s=1.0))
+    assert batched[0].verdict == TIMEOUT, batched
+    alone = asyncio.run(new.run(_STOPS_ITS_HARNESS, stdin="2\n", timeout_s=1.0))
+    assert alone.timed_out, alone
+
+
 def test_shipped_sample_problems_get_the_same_verdicts(new, old, tmp_path) -> None:
     """Every DeepCoder sample problem: its reference solution passes every test and a wrong program
     fails, with the same verdicts as one sandbox per test."""

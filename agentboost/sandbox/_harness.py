@@ -22,7 +22,8 @@ compiles ``main.py`` (the program, as in a single run) once, then for each input
   child starts with it in ``sys.modules``;
 * feeds the input, keeps ``stdout_cap`` bytes of stdout and ``stderr_cap`` bytes of stderr (killing the
   child as soon as it writes more on either: that pipe is read no more), kills the child's process group at
-  the wall-clock limit;
+  the wall-clock limit (an exit seen only after the limit is a timeout too: the program, of the harness's uid,
+  can stop the harness with SIGSTOP and have a helper wake it up once it is done);
 * once the child has exited: SIGKILL to every other process of the namespace (``kill(-1)`` spares only
   PID 1 and the harness: whatever the program left behind dies before the next input). An input whose
   mounts hold nothing more than its child found after setting them up (free blocks and inodes, counted by
@@ -33,21 +34,20 @@ compiles ``main.py`` (the program, as in a single run) once, then for each input
 * reports the outcome: the program's wait status as such (an exit status stays apart from a death by a
   signal), timed out, truncations, wall time, the kept output.
 
-Frames, both ways, are a 4-byte little-endian length and a payload. Host to harness (trusted): marshal,
-first the setup, then one input per frame (its index and stdin: nothing derived from its expected output,
-the host compares; the host sends the next input while this one runs, and the harness reads a frame's
-exact bytes: the next one stays in the pipe, never in the memory a child inherits); end of file ends the
-harness. Harness to host (the host must treat it as untrusted,
-the program could have tampered with its parent): fixed little-endian fields (index u32, wait status i32,
-flags u8, wall µs u32, stdout length u32 + bytes, stderr length u32 + bytes). Not cleaned: the harness's
-own memory, which each child inherits: remnants of this program's earlier inputs and outputs may lie in
-freed heap (never another program's, never an expected output or anything derived from one). Not forwarded:
-isolation notes (the host has them from its probe). Differences from a single run: the program's parent is
-the harness (PID 2), not PID 1, and its own pid varies; its network and UTS namespaces, cgroup, hash seed
-and address layout are the session's; ``/proc/self/mountinfo`` lists the earlier inputs' covered, empty
-mounts. Where an input cannot be given its fresh mounts (no capabilities:
-the kernel refused the run a user namespace of its own), it reports a setup failure and the host runs
-every input in a sandbox of its own.
+Frames, both ways, are a 4-byte little-endian length and a payload. Host to harness (trusted): marshal, first
+the setup, then one input per frame (its index and stdin: nothing derived from its expected output, the host
+compares; the host sends the next input while this one runs, and the harness reads a frame's exact bytes: the
+next one stays in the pipe, never in the memory a child inherits); end of file ends the harness. Harness to
+host (the host must treat it as untrusted, the program could have tampered with its parent): fixed
+little-endian fields (index u32, wait status i32, flags u8, wall µs u32, stdout length u32 + bytes, stderr
+length u32 + bytes). Not cleaned: the harness's own memory, which each child inherits: remnants of this
+program's earlier inputs and outputs (stderr too) may lie in freed heap (never another program's, never an
+expected output or anything derived from one). Not forwarded: isolation notes (the host has them from its
+probe). Differences from a single run: the program's parent is the harness (PID 2), not PID 1, and its own pid
+is the session's next one (an earlier input that forked moved it); its network and UTS namespaces, cgroup,
+hash seed and address layout are the session's; ``/proc/self/mountinfo`` lists the earlier inputs' covered,
+empty mounts. Where an input cannot be given its fresh mounts (no capabilities: the kernel refused the run a
+user namespace of its own), it reports a setup failure and the host runs every input in a sandbox of its own.
 """
 
 # ruff: noqa: E402, SIM105 - imports after the start-up state is captured; nothing beyond the stdlib's core
@@ -160,7 +160,7 @@ class _Harness:
             os.close(in_w)
             in_w = -1
         deadline = started + setup["timeout"]
-        raw = None
+        raw = exited = None
         timed_out = killed = False
         open_pipes = {out_r, err_r}
         drain_until = None
@@ -185,6 +185,7 @@ class _Harness:
                 elif fd == pidfd:
                     poller.unregister(pidfd)
                     _, raw = os.waitpid(pid, 0)
+                    exited = time.monotonic()
                     self._sweep()  # strays die now: the pipes they hold reach their end
                     drain_until = time.monotonic() + 2.0
                 elif fd in open_pipes:
@@ -202,7 +203,9 @@ class _Harness:
                         if not killed:
                             killed = True
                             self._kill(pid)
-        wall = time.monotonic() - started
+        wall = (exited if exited is not None else time.monotonic()) - started
+        if wall > setup["timeout"]:  # (an exit seen late: the program stopped the harness, SIGSTOP, meanwhile)
+            timed_out = True
         os.close(pidfd)
         for fd in (in_w, out_r, err_r):
             if fd >= 0:

@@ -160,7 +160,8 @@ def warm():
     zygote, the batch harness): a forked child's first call of one costs up to 0.2 ms and 90 page faults
     (ctypes and the dynamic linker reading pages the fork left unmapped), after one call in the parent
     almost nothing. Every call here fails or changes nothing (no pointer, length or flag)."""
-    _libc.syscall(_CLong(39))  # getpid(2) (keyctl and pivot_root go through syscall)
+    if os.uname().machine in KEYCTL:  # keyctl(2) with an operation that does not exist: EOPNOTSUPP
+        _libc.syscall(_CLong(KEYCTL[os.uname().machine]), _CLong(0x7FFF))  # (keyctl, pivot_root: syscall)
     _libc.unshare(0)
     _libc.mount(None, None, None, _CULong(0), None)  # EFAULT
     _libc.umount2(None, 0)  # EFAULT

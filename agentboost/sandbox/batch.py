@@ -219,7 +219,7 @@ async def _session(
                     rest = channel.send_ahead(payload(ahead))  # (what the pipe did not take: after the report)
                 try:
                     frame = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit)
-                    result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid)
+                    result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid, timeout_s=timeout_s)
                 except _Anomaly as exc:
                     tail = diagnostics.data.decode("utf-8", errors="replace")[-500:]
                     logger.warning("sandbox batch harness failed input %d (%s) %s; running it alone", i, exc, tail)
@@ -266,8 +266,11 @@ def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, stdout_cap: int, prelo
     }
 
 
-def _parse(frame: bytes, index: int, stdout_cap: int, stderr_cap: int, uid: int | None) -> SandboxResult:
-    """A harness report, checked field by field (it comes from inside the sandbox)."""
+def _parse(
+    frame: bytes, index: int, stdout_cap: int, stderr_cap: int, uid: int | None, *, timeout_s: float | None = None
+) -> SandboxResult:
+    """A harness report, checked field by field (it comes from inside the sandbox). A program that ran
+    longer than ``timeout_s`` timed out, whatever the flags say."""
     if len(frame) < _HEADER + 4:
         raise _Anomaly("short report")
     if int.from_bytes(frame[0:4], "little") != index:
@@ -284,7 +287,7 @@ def _parse(frame: bytes, index: int, stdout_cap: int, stderr_cap: int, uid: int 
         raise _Anomaly("bad stderr length")
     if flags & _SETUP_FAILED:
         raise _Anomaly(f"no namespaces for the input: {frame[out_end + 4 :][-300:].decode(errors='replace')}")
-    timed_out = bool(flags & _TIMED_OUT)
+    timed_out = bool(flags & _TIMED_OUT) or (timeout_s is not None and wall_s > timeout_s)
     ended = ExitStatus.from_wait_status(status)
     return SandboxResult(
         stdout=frame[17:out_end].decode("utf-8", errors="replace"),
