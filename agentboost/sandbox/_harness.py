@@ -221,7 +221,7 @@ class _Harness:
             pass
         os.close(ready_r)
         setup_failed = fresh is None
-        if setup_failed or fresh != _usage(places):
+        if setup_failed or fresh != _usage(path for path, _ in places):
             _unmount(places)  # this input's mounts hold something (or are half made): off now
         flags = (TIMED_OUT if timed_out else 0) | (OUT_CUT if cut[out_r] else 0) | (ERR_CUT if cut[err_r] else 0)
         flags |= SETUP_FAILED if setup_failed and not killed else 0
@@ -272,7 +272,7 @@ def _program(setup, code, json):
     _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(setup["workdir"])
-    os.write(3, b"R" + marshal.dumps(_usage([(p, None) for p in (*setup["private_dirs"], setup["workdir"])])))
+    os.write(3, b"R" + marshal.dumps(_usage(_places(setup))))
     os.close(3)
     main, shared = enter(_BASELINE, setup["script"], ["main.py"], setup["orig_argv"], setup["env"])
     if json is not None:
@@ -280,15 +280,20 @@ def _program(setup, code, json):
     finish(run(main, code), shared)
 
 
+def _places(setup):
+    """The places an input mounts over, in mounting order."""
+    return (*setup["private_dirs"], setup["workdir"])
+
+
 def _mounted(setup):
-    """The places an input mounts over (in mounting order), each with the device it shows before."""
-    return [(p, os.stat(p).st_dev) for p in (*setup["private_dirs"], setup["workdir"])]
+    """The places an input mounts over, each with the device it shows before."""
+    return [(p, os.stat(p).st_dev) for p in _places(setup)]
 
 
-def _usage(places):
-    """Free blocks and inodes (space for inodes and extended attributes) of each place's filesystem."""
+def _usage(paths):
+    """Free blocks and inodes (space for inodes and extended attributes) of each path's filesystem."""
     try:
-        return [(v.f_bfree, v.f_ffree) for v in (os.statvfs(path) for path, _ in places)]
+        return [(v.f_bfree, v.f_ffree) for v in map(os.statvfs, paths)]
     except OSError:
         return None
 

@@ -463,6 +463,11 @@ def _staged(workdir):
 def _private_workdir(target, files, fs, uid):
     """A size- and inode-limited tmpfs at ``target`` holding ``files`` (owned by ``uid`` as root)."""
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "700"))
+    _write_files(target, files, uid)
+
+
+def _write_files(target, files, uid):
+    """``files`` ((name, bytes, mode) each) written into the directory ``target`` (owned by ``uid`` as root)."""
     for name, data, mode in files:
         fd = os.open(target + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
@@ -588,12 +593,12 @@ def _from_template(fs, workdir, files, proc, uid):
     _pivot(stage)
 
 
-def _deny_list(cfg, proc):
+def _deny_list(cfg, proc, files=None):
     """The host's tree with private temporary directories, a private working directory and the ``hidden``
     directories covered."""
     limits = {"tmp_mb": cfg.get("tmp_mb", 64), "max_files": cfg.get("max_files", 4096)}
     workdir = cfg["workdir"]
-    files = _staged(workdir)
+    files = files or _staged(workdir)
     for target in cfg.get("private_dirs", []):
         if os.path.isdir(target):
             _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, _tmpfs_options(limits, "1777"))
@@ -665,7 +670,7 @@ def prepare(cfg):
         _libc.signal(SIGINT, SIG_DFL)
         _die_with_parent()
     uid = cfg.get("uid") if root else None
-    files = _sent_files(cfg)  # (sent only with a template root: see _from_template)
+    files = _sent_files(cfg)  # (sent only for a template root; a run that falls back writes them itself)
     if got & CLONE_NEWNS:
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
@@ -683,9 +688,14 @@ def prepare(cfg):
                 except OSError as exc:
                     _note(f"no-fresh-root {exc}")
             if not built:
-                _deny_list(cfg, bool(got & CLONE_NEWPID))
+                _deny_list(cfg, bool(got & CLONE_NEWPID), files)
     else:
         _note("no-workdir-tmpfs no mount namespace")
+        if files:
+            # Sent for a template root this run could not have: in the host's directory after all (it stays
+            # there, empty, until the next sandbox of this root sweeps it: the host staged nothing to remove).
+            os.makedirs(cfg["workdir"], 0o700, exist_ok=True)
+            _write_files(cfg["workdir"], files, uid)
     if report is not None:
         os.close(report)  # the program never holds the status channel
 

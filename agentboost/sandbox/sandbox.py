@@ -133,7 +133,7 @@ class _Run:
     cgroup: RunCgroup | None = None
     lease: SlotLease | None = None
     staged: bool = True
-    """Its files were staged in ``workdir`` on the host (else sent with the zygote request)."""
+    """Its files were staged in ``workdir`` on the host (else sent to the run in a memory file)."""
 
 
 class Sandbox:
