@@ -1,0 +1,109 @@
+"""The warm start's check, read off the demonstrations fed to the model (agentboost.train.forced).
+
+Issue 23's seed goal: one seed (110) ended its warm start with 0.81 of the greedy check reproducing the
+demonstrations, all in the sentence style greedy decoding picks, and GRPO, which rewards the bare number,
+stayed at 0.34: the skill was there in one style only and the rollout check could not see it. The forced
+check measures each style, and is exact where the rollout check was sampled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentboost.agents.strands_agent import StrandsAgent  # noqa: E402
+from agentboost.batch import episodes_to_batch  # noqa: E402
+from agentboost.chat.template import ChatTemplate  # noqa: E402
+from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
+from agentboost.quickstart import (  # noqa: E402
+    ENV,
+    QuickstartConfig,
+    build_quickstart_model,
+    demo_turns,
+    reproduces_demonstration,
+    warm_start,
+    warm_start_check_rows,
+)
+from agentboost.rewards.answer import final_answer_text  # noqa: E402
+from agentboost.train.forced import forced  # noqa: E402
+from agentboost.train.logprobs import response_logprobs  # noqa: E402
+from agentboost.train.sft import SFTRun, demonstration_episodes  # noqa: E402
+from agentboost.train.trainer import GRPOTrainer, TrainConfig  # noqa: E402
+from agentboost.types import Budget, SamplingParams  # noqa: E402
+
+AGENT = StrandsAgent(system_prompt=SYSTEM_PROMPT)
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def sentence_only():
+    """A tiny model that learnt the check tasks' sentence-style demonstrations by heart, and never saw the
+    bare style: greedy decoding answers them right, in the sentence."""
+    torch.manual_seed(0)
+    cfg = QuickstartConfig(hidden_size=64, num_layers=2, num_heads=4, seed=0, train_tasks=32, demos=16,
+                           warm_start_check_tasks=4)  # fmt: skip
+    rows = make_tasks(cfg.train_tasks, seed=0, max_ops=1, max_value=cfg.max_value, split="train")
+    model, tokenizer = build_quickstart_model(cfg, rows)
+    template = ChatTemplate(tokenizer)
+    check_rows = warm_start_check_rows(cfg, rows)
+    sentence = demonstration_episodes(check_rows, demo_turns(verbose=True), template, env=ENV, agent=AGENT)
+    bare = demonstration_episodes(check_rows, demo_turns(verbose=False), template, env=ENV, agent=AGENT)
+    run = SFTRun(model, sentence, pad_token_id=PAD, steps=400, lr=3e-3, batch_size=4,
+                 schedule="constant")  # fmt: skip
+    run.run()
+    model.eval()
+    return cfg, rows, check_rows, model, template, bare, sentence
+
+
+def _trainer(model, template, rows, tmp_path):
+    config = TrainConfig(
+        run_dir=str(tmp_path), steps=0, wandb_project=None, seed=0,
+        sampling=SamplingParams(temperature=1.0, max_tokens_per_call=48),
+        budget=Budget(max_turns=3, max_total_tokens=1024, wall_clock_s=120),
+    )  # fmt: skip
+    return GRPOTrainer(model, template, rows, env=ENV, agent=AGENT, config=config)
+
+
+def test_forced_greedy_is_what_greedy_decoding_does(sentence_only, tmp_path) -> None:
+    _, rows, check_rows, model, template, bare, sentence = sentence_only
+    trainer = _trainer(model, template, rows, tmp_path)
+    by_id = {row["task_id"]: row for row in check_rows}
+    played = trainer.rollout(check_rows, n=1, sampling=replace(trainer.config.sampling, temperature=0.0), tag="g")
+    in_sentence = forced(model, sentence, pad_token_id=PAD)
+    in_bare = forced(model, bare, pad_token_id=PAD)
+    assert all(r.greedy for r in in_sentence)  # learnt by heart
+    for episode, s, b in zip(played, in_sentence, in_bare, strict=True):
+        assert reproduces_demonstration(by_id[episode.task_id], episode) == s.greedy
+        assert (s.choice > b.choice) == (final_answer_text(episode) or "").startswith("The answer")
+    assert not any(r.greedy for r in in_bare)  # the bare number is followed by the sentence's "." (never seen)
+
+
+def test_forced_probabilities_are_the_model_tokens_probabilities(sentence_only) -> None:
+    _, _, _, model, template, bare, sentence = sentence_only
+    for episodes in (bare, sentence):
+        batch = episodes_to_batch(episodes, pad_token_id=PAD)
+        with torch.no_grad():
+            expected = (response_logprobs(model, batch) * batch.response_mask).sum(dim=1)
+        got = [r.logprob for r in forced(model, episodes, pad_token_id=PAD)]
+        assert got == pytest.approx(expected.tolist(), abs=1e-3)
+        hot = forced(model, episodes, pad_token_id=PAD, temperature=2.0)
+        assert all(h.logprob < 0 and math.isfinite(h.logprob) for h in hot)
+        assert [h.greedy for h in hot] == [r.greedy for r in forced(model, episodes, pad_token_id=PAD)]
+
+
+def test_a_skill_in_one_style_only_does_not_count(sentence_only, tmp_path) -> None:
+    """The rollout check counted this model's greedy episodes as the skill (1.0 reproduce the demonstrations,
+    in the sentence); the check asks for both styles: 0.0, and the warm start goes on to its ceiling."""
+    cfg, rows, _, model, template, _, _ = sentence_only
+    trainer = _trainer(model, template, rows, tmp_path)
+    frozen = QuickstartConfig(**{**cfg.__dict__, "sft_lr": 1e-12, "sft_batch": 2, "warm_start_check_every": 2,
+                                 "sft_weight_decay": 0.0})  # fmt: skip
+    report = warm_start(frozen, trainer, rows, steps=4, progress=False)
+    last = report["checks"][-1]
+    assert last["greedy_sentence"] == 1.0 and last["greedy_bare"] == 0.0
+    assert report["check"] == 0.0 and not report["reached"] and report["steps"] == 4
+    assert report["rollout_check"]["greedy"] == 1.0  # what the rollout check saw
