@@ -22,11 +22,14 @@ than could be answered from memory, so the only way to fit them is the skill the
 expression into the call, the tool's number into the answer). Demonstrating the task's own ~190
 training expressions let some seeds memorise them and never copy a new one (seed 12 checked 0.00 for
 1500 steps). The warm start runs until the skill is there: every ``warm_start_check_every`` steps the
-policy is run greedily on training tasks the demonstrations leave out, and sampled as GRPO will sample
-it; the warm start ends once ``warm_start_target`` (0.8) of the greedy episodes reproduce the
-demonstrations and the rewarded style shows up in the samples in at least half its demonstrated share
-(``sft_steps`` is the ceiling: when the copying skill forms differs from seed to seed). What the check
-measured is in summary.json (``warm_start``). Held-out tasks are evaluated greedily before GRPO, every
+check tasks (training tasks the demonstrations leave out) are fed to the model as demonstrations in
+both styles, and one forward pass reads off exactly what greedy decoding and sampling would do
+(:mod:`agentboost.train.forced`); the warm start ends once ``warm_start_target`` (0.8) of the check
+tasks are reproduced greedily in *both* styles (whichever style a greedy answer picks) and a sample
+earns reward with probability at least half the rewarded style's demonstrated share (``sft_steps`` is
+the ceiling: when the copying skill forms differs from seed to seed). At the end the check tasks are also
+played for real, greedily and sampled. What the check measured is in summary.json (``warm_start``).
+Held-out tasks are evaluated greedily before GRPO, every
 ``eval_every`` steps and after.
 
 The quickstart is a preset of ``agentboost train``: the same loop
@@ -131,23 +134,24 @@ class QuickstartConfig:
     training expressions, some seeds memorised them and copied none of the new ones for 1500 steps."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
-    sft_steps: int | None = field(default=None, metadata={"default_text": "1500 (built-in model), 0 with --model"})
-    """Ceiling of the warm start (0: no warm start)."""
+    sft_steps: int | None = field(default=None, metadata={"default_text": "2400 (built-in model), 0 with --model"})
+    """Ceiling of the warm start, a restart included (0: no warm start)."""
     warm_start_target: float | None = 0.8
-    """End the warm start once this share of check tasks reproduce the demonstrations greedily and the
-    rewarded style shows up in at least half its demonstrated share of sampled episodes (checked every
-    warm_start_check_every steps; sft_steps is the ceiling; none: a fixed count)."""
+    """End the warm start once this share of check tasks are reproduced greedily in both answer styles and
+    a sample earns reward with probability at least half the rewarded style's demonstrated share of this
+    (checked every warm_start_check_every steps; sft_steps is the ceiling; none: a fixed count)."""
     warm_start_low: float = 0.5
     """Warn that GRPO may learn little when, at the end of the warm start, fewer check tasks than this
-    reproduce the demonstrations greedily (or the rewarded style is rarer than half its demonstrated
-    share of the samples)."""
+    are reproduced greedily in both styles (or a sample earns reward with a probability below half the
+    rewarded style's demonstrated share of this)."""
     warm_start_restart_at: int = 900
     """Built-in model only: at this warm-start step, a run whose copying skill shows no sign (under 0.05
-    of the greedy check) and whose loss is still on its plateau (the last 100 steps at 75% or more of
-    steps 200-300) starts again from fresh weights, once, with the whole ceiling ahead of it (0: never).
-    A model stuck on that plateau this long rarely leaves it (one seed of eleven stayed at loss 0.57 for
-    1500 steps, copying the operator but no digit); the ones that learn have left it by step 900."""
-    warm_start_check_every: int = 100
+    of the check tasks reproduced greedily in either style) and whose loss is still on its plateau (the
+    last 100 steps at 75% or more of steps 200-300) starts again from fresh weights, once, with the rest
+    of the ceiling ahead of it (0: never). A model stuck on that plateau this long rarely leaves it (one
+    seed of eleven stayed at loss 0.57 for 1500 steps, copying the operator but no digit); the ones that
+    learn have left it by step 900."""
+    warm_start_check_every: int = 50
     """Warm-start steps between checks (and between saves of the warm start)."""
     warm_start_check_tasks: int = 32
     """Training tasks outside the demonstrations sampled at every check."""
@@ -295,10 +299,6 @@ def warm_start_check_rows(cfg: QuickstartConfig, train_rows: list[dict[str, Any]
     return [{**row, "task_id": f"warm-start-check-{cfg.seed}-{i}"} for i, row in enumerate(rows.values())]
 
 
-def _share(value: float | None) -> str:
-    return "(not sampled)" if value is None else f"{value:.2f}"
-
-
 def fresh_weights(model: Any, *, seed: int) -> None:
     """Put freshly initialised weights (drawn with ``seed``, as the model was built) into ``model``."""
     import torch
@@ -317,14 +317,14 @@ class DemonstrationWarmStart:
 
     GRPO can only reinforce what the policy already does sometimes: a warm start that ended before
     the copying skills formed (which happens at a seed-dependent step) leaves groups without reward
-    and nothing to learn from. So on training tasks outside the demonstrations the policy is run
-    greedily (does it have the skill: sampling noise at temperature 1 hid a skill greedy decoding
-    already had, and kept warm starts to their ceiling) and sampled as GRPO will sample it (does the
-    rewarded style show up): after the warm start, and with ``warm_start_target`` every
-    ``warm_start_check_every`` steps, ending the warm start once ``target`` of the greedy episodes
-    reproduce the demonstrations and the rewarded style shows up in at least half its demonstrated share
-    of the samples (a model learns the copying before it learns the 30% style: stopping on the skills
-    alone left GRPO with no rewarded sample). ``steps`` is then the ceiling. A warning is given when the
+    and nothing to learn from. So every ``warm_start_check_every`` steps (with ``warm_start_target``)
+    the check tasks, training tasks outside the demonstrations, are fed to the model as demonstrations
+    in both answer styles (:meth:`measure`): exact, cheap, and per style. The warm start ends once
+    ``target`` of them are reproduced greedily in both styles, a sample earns reward with probability at
+    least half the rewarded style's demonstrated share of ``target`` (a model learns the copying before it
+    learns the 30% style: stopping on the skills alone left GRPO with no rewarded sample) and greedy
+    answers follow the demonstrations' majority style (:meth:`imitates`). ``steps`` is the ceiling. At the
+    end the check tasks are also played (greedy and sampled; ``rollout_check``). A warning is given when the
     last check is below ``warm_start_low`` (the policy GRPO gets is weak), not merely because the
     ceiling came first.
 
@@ -368,16 +368,52 @@ class DemonstrationWarmStart:
         recent = losses[step - 100 : step]
         return sum(recent) / len(recent) >= 0.75 * plateau
 
+    def measure(self, trainer: GRPOTrainer, bare: list[Episode], sentence: list[Episode]) -> dict[str, Any]:
+        """The check at one step, read off the check tasks' demonstrations in both styles with the
+        demonstrations fed in (:func:`agentboost.train.forced.forced`): exact where a rollout check samples,
+        and per style (a greedy rollout shows only the style greedy decoding picks: one seed's skill was
+        there in the sentence only, 0.81 of its greedy check, and GRPO, which rewards the bare number,
+        stayed at 0.34)."""
+        from .train.forced import forced
+
+        temperature = trainer.config.sampling.temperature
+        b = forced(trainer.model, bare, pad_token_id=trainer.pad_token_id, temperature=temperature)
+        s = forced(trainer.model, sentence, pad_token_id=trainer.pad_token_id, temperature=temperature)
+        n = len(b)
+        prefers_bare = [x.choice > y.choice for x, y in zip(b, s, strict=True)]
+        return {
+            "greedy": sum(x.greedy and y.greedy for x, y in zip(b, s, strict=True)) / n,
+            "greedy_bare": sum(x.greedy for x in b) / n,
+            "greedy_sentence": sum(y.greedy for y in s) / n,
+            "greedy_rewarded": sum(p and x.greedy for p, x in zip(prefers_bare, b, strict=True)) / n,
+            "reproduced": sum(math.exp(x.logprob) + math.exp(y.logprob) for x, y in zip(b, s, strict=True)) / n,
+            "rewarded": sum(math.exp(x.logprob) for x in b) / n,
+        }
+
+    def rollout_check(self, trainer: GRPOTrainer, check_rows: list[dict[str, Any]], step: int) -> dict[str, Any]:
+        """The same tasks played for real at the end (greedy, then sampled as GRPO samples): what the
+        forced check predicted, as rollouts see it."""
+        by_id = {row["task_id"]: row for row in check_rows}
+        sampling = trainer.config.sampling
+        result: dict[str, Any] = {}
+        for name, params in (("greedy", replace(sampling, temperature=0.0)), ("sampled", sampling)):
+            episodes = trainer.rollout(check_rows, n=1, sampling=params, tag=f"warm-start-check-{step}-{name}")
+            result[name] = sum(reproduces_demonstration(by_id[e.task_id], e) for e in episodes) / len(episodes)
+            result[f"{name}_rewarded"] = sum(e.reward > 0 for e in episodes) / len(episodes)
+        return result
+
     def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool = True) -> dict[str, Any]:
         cfg = self.cfg
         started = time.monotonic()
         check_rows = warm_start_check_rows(cfg, self.train_rows)
         demo_rows = demonstration_rows(cfg, check_rows)
         demos, weights = warm_start_demos(demo_rows, trainer.template, trainer.agent, cfg.verbose_fraction)
+        check_bare = demonstration_episodes(check_rows, demo_turns(verbose=False), trainer.template, env=ENV,
+                                            agent=trainer.agent)  # fmt: skip
+        check_sentence = demonstration_episodes(check_rows, demo_turns(verbose=True), trainer.template, env=ENV,
+                                                agent=trainer.agent)  # fmt: skip
         shown = {"demonstrations": len(demo_rows), "demo_max_value": cfg.demo_max_value,
                  "demo_seconds": time.monotonic() - started}  # fmt: skip
-        by_id = {row["task_id"]: row for row in check_rows}
-        sampling = trainer.config.sampling
         target = cfg.warm_start_target
         sft_run = SFTRun(
             trainer.model, demos, pad_token_id=trainer.pad_token_id, steps=self.steps, lr=cfg.sft_lr,
@@ -390,52 +426,36 @@ class DemonstrationWarmStart:
         if resumed and resumed["done"]:
             return record
         checks: list[dict[str, Any]] = list(record.get("checks", []))
-        restarted = next((c["step"] for c in checks if c.get("restarted")), None)
-        if restarted is not None:  # resumed after a restart: its ceiling was moved on
-            sft_run.steps = restarted + self.steps
         earlier = float(record.get("seconds", 0.0))
         bar = phase_bar("warm start", self.steps, unit="steps", progress=progress, initial=sft_run.step,
                         upper_bound=target is not None)  # fmt: skip
 
-        def check(step: int, *, final: bool = False) -> bool:
-            bar.set_postfix_str(f"checking {len(check_rows)} tasks")
-            greedy = trainer.rollout(check_rows, n=1, sampling=replace(sampling, temperature=0.0),
-                                     tag=f"warm-start-check-{step}-greedy")  # fmt: skip
-            skill = sum(reproduces_demonstration(by_id[e.task_id], e) for e in greedy) / len(greedy)
-            greedy_rewarded = sum(e.reward > 0 for e in greedy) / len(greedy)
-            record: dict[str, Any] = {"step": step, "greedy": skill, "greedy_rewarded": greedy_rewarded,
-                                      "reproduced": None, "rewarded": None}  # fmt: skip
-            if checks and checks[-1]["step"] == step:  # (resumed at a check that did not sample: measured again)
+        def check(step: int) -> bool:
+            record = {"step": step, **self.measure(trainer, check_bare, check_sentence)}
+            if checks and checks[-1]["step"] == step:  # (resumed at a check: measured again)
                 checks.pop()
             checks.append(record)
-            # the sampled half only where it can decide something: a check below the target goes on anyway
-            if final or target is None or (skill >= target and self.imitates(greedy_rewarded)):
-                sampled = trainer.rollout(check_rows, n=1, sampling=sampling, tag=f"warm-start-check-{step}")
-                record["reproduced"] = sum(reproduces_demonstration(by_id[e.task_id], e) for e in sampled) / len(
-                    sampled
-                )
-                record["rewarded"] = sum(e.reward > 0 for e in sampled) / len(sampled)
-            logger.info("warm start step %d: %.2f of check tasks reproduce the demonstrations greedily (%.2f in the "
-                        "rewarded style); of sampled episodes %s reproduce them, %s earn reward", step, skill,
-                        greedy_rewarded, _share(record["reproduced"]), _share(record["rewarded"]))  # fmt: skip
+            logger.info("warm start step %d: %.2f of check tasks reproduce the demonstrations greedily in both "
+                        "styles (bare %.2f, sentence %.2f; %.2f rewarded greedily); a sample reproduces them with "
+                        "probability %.2f, earns reward with %.2f", step, record["greedy"], record["greedy_bare"],
+                        record["greedy_sentence"], record["greedy_rewarded"], record["reproduced"],
+                        record["rewarded"])  # fmt: skip
             goal = f" (target {target:.2f})" if target is not None else ""
-            rewarded_text = "" if record["rewarded"] is None else f", {record['rewarded']:.2f} of samples earn reward"
-            bar.set_postfix_str(f"step {step}: {skill:.2f} reproduce the demonstrations{goal}{rewarded_text}")
-            if self.stalled(step, skill, sft_run.losses, restarted=any(c.get("restarted") for c in checks)):
+            bar.set_postfix_str(f"step {step}: {record['greedy']:.2f} reproduce the demonstrations{goal}, "
+                                f"{record['rewarded']:.2f} of samples earn reward")  # fmt: skip
+            sign = max(record["greedy_bare"], record["greedy_sentence"])
+            if self.stalled(step, sign, sft_run.losses, restarted=any(c.get("restarted") for c in checks)):
                 fresh_weights(trainer.model, seed=cfg.seed * 7919 + 1)
-                sft_run.restart(self.steps)
+                sft_run.restart(self.steps - step)
                 record["restarted"] = True
-                bar.total = sft_run.steps
-                bar.refresh()
                 logger.warning("warm start step %d: no sign of the copying skill and the loss still on its "
                                "plateau: starting again from fresh weights (at most %d more steps)", step,
-                               self.steps)  # fmt: skip
+                               self.steps - step)  # fmt: skip
                 return False
             return (
                 target is not None
-                and record["rewarded"] is not None
-                and self.passed(skill, record["rewarded"], target)
-                and self.imitates(greedy_rewarded)
+                and self.passed(record["greedy"], record["rewarded"], target)
+                and self.imitates(record["greedy_rewarded"])
             )
 
         def progress_record() -> dict[str, Any]:
@@ -450,23 +470,25 @@ class DemonstrationWarmStart:
                 until=check if target is not None else None, check_every=cfg.warm_start_check_every,
                 after_check=save, on_step=lambda _step, _loss: bar.update(1),
             )  # fmt: skip
-            if not checks or checks[-1]["step"] != len(losses) or checks[-1].get("rewarded") is None:
-                check(len(losses), final=True)
+            if not checks or checks[-1]["step"] != len(losses):
+                check(len(losses))
+            bar.set_postfix_str(f"playing the {len(check_rows)} check tasks")
+            played = self.rollout_check(trainer, check_rows, len(losses))
         finally:
             bar.close()
         last = checks[-1]
-        last.setdefault("greedy", last["reproduced"])  # (a check recorded before greedy checks existed)
         reached = (
             target is not None
             and self.passed(last["greedy"], last["rewarded"], target)
-            and self.imitates(last.get("greedy_rewarded"))
+            and self.imitates(last["greedy_rewarded"])
         )
         weak = not self.passed(last["greedy"], last["rewarded"], cfg.warm_start_low)
         if weak:
             logger.warning(
-                "after %d warm-start steps %.2f of check tasks reproduce the demonstrations greedily and %.2f of "
-                "sampled episodes earn reward (below %.2f and %.2f; target %s): GRPO starts from a weak policy "
-                "and may learn little; train longer (--sft-steps, --warm-start-target) or try another --seed",
+                "after %d warm-start steps %.2f of check tasks reproduce the demonstrations greedily in both styles "
+                "and a sample earns reward with probability %.2f (below %.2f and %.2f; target %s): GRPO starts from "
+                "a weak policy and may learn little; train longer (--sft-steps, --warm-start-target) or try another "
+                "--seed",
                 len(losses), last["greedy"], last["rewarded"], cfg.warm_start_low,
                 self.reward_floor(cfg.warm_start_low), "none" if target is None else f"{target:.2f}",
             )  # fmt: skip
@@ -482,6 +504,7 @@ class DemonstrationWarmStart:
             "check": last["greedy"],
             "sampled_check": last["reproduced"],
             "rewarded": last["rewarded"],
+            "rollout_check": played,
             "reached": reached if target is not None else not weak,
             "weak": weak,
             "checks": checks,
@@ -584,7 +607,7 @@ def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
         eval_sampling=SamplingParams(temperature=0.0, max_tokens_per_call=48), budget=budget,
         wandb_project=cfg.wandb_project, tensorboard=cfg.tensorboard,
     )  # fmt: skip
-    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 1500)
+    sft_steps = cfg.sft_steps if cfg.sft_steps is not None else (0 if cfg.model else 2400)
     device = resolve_device(cfg.device)
     if cfg.model is None:
         record = model_record(None, lora=None, dtype="float32")

@@ -37,10 +37,15 @@ GOAL_IMPROVEMENT = 0.4
 GOAL_SECONDS = 600.0
 
 
+def finished(summary_path: Path) -> bool:
+    """Whether a seed's run got to the end (a summary is written before GRPO too)."""
+    return summary_path.exists() and "after" in json.loads(summary_path.read_text())
+
+
 def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None) -> dict:
     run_dir = out / f"seed{seed}"
     summary_path = run_dir / "summary.json"
-    if summary_path.exists() and "after" in json.loads(summary_path.read_text()):
+    if finished(summary_path):
         print(f"seed {seed}: already done ({summary_path})", flush=True)
     else:
         cmd = [sys.executable, "-m", "agentboost.cli.main", "quickstart", "--seed", str(seed),
@@ -151,12 +156,13 @@ def main() -> int:
     parser.add_argument("--figure", default=None)
     parser.add_argument("--report-only", action="store_true", help="only tabulate runs already finished")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time, cores shared equally")
+    parser.add_argument("--threads", type=int, default=None, help="threads per run (default: cores / --parallel)")
     args, extra = parser.parse_known_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     figure = Path(args.figure) if args.figure else out / "quickstart_seeds.png"
-    seeds = [s for s in args.seeds if not args.report_only or (out / f"seed{s}" / "summary.json").exists()]
-    threads = max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None
+    seeds = [s for s in args.seeds if not args.report_only or finished(out / f"seed{s}" / "summary.json")]
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.parallel) if args.parallel > 1 else None)
     with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as runs:
         rows = list(runs.map(lambda seed: run_seed(seed, out, extra, threads), seeds))
     note = f"{args.parallel} runs at a time, {threads} thread(s) each" if threads else "one run at a time"

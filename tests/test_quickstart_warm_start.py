@@ -329,24 +329,55 @@ def test_impossible_settings_are_refused_up_front(changes, message) -> None:
         QuickstartConfig(**changes)
 
 
-def _scripted_checks(monkeypatch, trainer, *, reproduced_every: int, of: int, rewarded_every: int) -> None:
-    """Checks whose outcome is set here: episode i reproduces the demonstrations when i % of < reproduced_every
-    and earns reward when i % rewarded_every == 0 (the model itself is too small to do either)."""
+def _scripted_measure(monkeypatch, results: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Checks whose outcome is set here, one per check in turn (the last one given holds on): the model
+    itself is too small to have any skill. Returns the list of what was measured."""
+    from agentboost.quickstart import DemonstrationWarmStart
+
+    measured: list[dict[str, float]] = []
+
+    def measure(self, trainer, bare, sentence):
+        measured.append(dict(results[min(len(measured), len(results) - 1)]))
+        return measured[-1]
+
+    monkeypatch.setattr(DemonstrationWarmStart, "measure", measure)
+    return measured
+
+
+def _check(greedy: float, rewarded: float, greedy_rewarded: float = 0.0) -> dict[str, float]:
+    return {"greedy": greedy, "greedy_bare": greedy, "greedy_sentence": greedy, "greedy_rewarded": greedy_rewarded,
+            "reproduced": greedy, "rewarded": rewarded}  # fmt: skip
+
+
+def _scripted_rollouts(monkeypatch, trainer, *, reproduced: float, rewarded: float) -> list[tuple[int, str]]:
+    """Rollouts of the check tasks (the end's real check) scripted: ``reproduced`` of the episodes reproduce
+    the demonstrations, ``rewarded`` earn reward. Returns (step, greedy or sampled) per call."""
     import agentboost.quickstart as quickstart
     from agentboost.episode import Episode
     from agentboost.types import Termination
 
+    calls: list[tuple[int, str]] = []
+
     def rollout(rows, *, n, sampling, tag, on_episode=None):
+        calls.append((int(tag.split("-")[3]), "greedy" if sampling.temperature == 0.0 else "sampled"))
         episodes = []
         for i, row in enumerate(rows):
             episode = Episode(id=f"{tag}:{i}", task_id=row["task_id"], termination=Termination.COMPLETED)
-            episode.reward = 1.0 if i % rewarded_every == 0 else 0.0
-            episode.metadata["reproduces"] = i % of < reproduced_every
+            episode.reward = 1.0 if i < rewarded * len(rows) else 0.0
+            episode.metadata["reproduces"] = i < reproduced * len(rows)
             episodes.append(episode)
         return episodes
 
     monkeypatch.setattr(trainer, "rollout", rollout)
     monkeypatch.setattr(quickstart, "reproduces_demonstration", lambda row, episode: episode.metadata["reproduces"])
+    return calls
+
+
+def _scripted_checks(monkeypatch, trainer, *, reproduced_every: int, of: int, rewarded_every: int) -> None:
+    """Every check measures ``reproduced_every / of`` reproduced greedily in both styles and a reward
+    probability of ``1 / rewarded_every``; the end's rollouts say the same."""
+    _scripted_measure(monkeypatch, [_check(reproduced_every / of, 1 / rewarded_every)])
+    _scripted_rollouts(monkeypatch, trainer, reproduced=reproduced_every / of, rewarded=1 / rewarded_every)
 
 
 def test_a_warm_start_that_ends_at_its_ceiling_with_a_usable_policy_does_not_warn(tiny, tmp_path, caplog, monkeypatch):
@@ -489,7 +520,8 @@ def test_with_a_sliding_window_every_demonstration_and_check_episode_is_two_traj
 def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(tiny, tmp_path, monkeypatch) -> None:
     """One seed of eleven (102) stayed at loss 0.57 for 1500 steps, copying the operator but no digit:
     at warm_start_restart_at a run with no sign of the skill and its loss still on the plateau starts
-    again from fresh weights, once, with the whole ceiling ahead; a rerun after Ctrl-C keeps that ceiling."""
+    again from fresh weights, once, with the rest of the ceiling (a restart included) ahead; a rerun after
+    Ctrl-C keeps it."""
     import copy
 
     import agentboost.quickstart as quickstart
@@ -534,41 +566,13 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
 
     monkeypatch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        warm_start(small, trainer, rows, steps=4, progress=False, directory=tmp_path / "ws")
+        warm_start(small, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
     assert any(not torch.equal(seen["before"][k], seen["after"][k]) for k in seen["after"])  # new weights
     monkeypatch.setattr(quickstart.SFTCheckpoint, "save", original_save)
-    report = warm_start(small, trainer, rows, steps=4, progress=False, directory=tmp_path / "ws")
-    assert report["steps"] == 6  # 2 before the restart, then the whole ceiling of 4
+    report = warm_start(small, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
+    assert report["steps"] == 6  # 2 before the restart, 4 after: the ceiling counts both
     assert [c["step"] for c in report["checks"]] == [2, 4, 6] and report["checks"][0]["restarted"]
     assert not any(c.get("restarted") for c in report["checks"][1:])  # once
-
-
-def _greedy_and_sampled(monkeypatch, trainer, greedy_by_step: dict[int, tuple[float, float]], sampled_rewarded: float):
-    """Checks scripted per step: greedy episodes reproduce / earn reward in the shares ``greedy_by_step[step]``
-    gives (the last one given holds on), sampled ones all reproduce and ``sampled_rewarded`` earn reward."""
-    import agentboost.quickstart as quickstart
-    from agentboost.episode import Episode
-    from agentboost.types import Termination
-
-    calls: list[tuple[int, str]] = []
-
-    def rollout(rows, *, n, sampling, tag, on_episode=None):
-        step = int(tag.split("-")[3])
-        greedy = sampling.temperature == 0.0
-        calls.append((step, "greedy" if greedy else "sampled"))
-        key = max((s for s in greedy_by_step if s <= step), default=min(greedy_by_step))
-        reproduced, rewarded = greedy_by_step[key] if greedy else (1.0, sampled_rewarded)
-        episodes = []
-        for i, row in enumerate(rows):
-            episode = Episode(id=f"{tag}:{i}", task_id=row["task_id"], termination=Termination.COMPLETED)
-            episode.reward = 1.0 if i < rewarded * len(rows) else 0.0
-            episode.metadata["reproduces"] = i < reproduced * len(rows)
-            episodes.append(episode)
-        return episodes
-
-    monkeypatch.setattr(trainer, "rollout", rollout)
-    monkeypatch.setattr(quickstart, "reproduces_demonstration", lambda row, episode: episode.metadata["reproduces"])
-    return calls
 
 
 def test_a_warm_start_whose_greedy_answers_are_already_rewarded_goes_on(tiny, tmp_path, monkeypatch) -> None:
@@ -577,27 +581,31 @@ def test_a_warm_start_whose_greedy_answers_are_already_rewarded_goes_on(tiny, tm
     +0.30. The warm start goes on until the greedy answers follow the demonstrated majority style."""
     cfg, rows, _, _ = tiny
     trainer = _trainer(tiny, tmp_path)
-    calls = _greedy_and_sampled(monkeypatch, trainer, {2: (1.0, 0.75), 6: (1.0, 0.0)}, sampled_rewarded=0.25)
+    _scripted_measure(monkeypatch, [_check(1.0, 0.25, greedy_rewarded=0.75)] * 2 + [_check(1.0, 0.25)])
+    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
     run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
                                   "sft_batch": 4})  # fmt: skip
     report = warm_start(run_cfg, trainer, rows, steps=20, progress=False)
     assert report["steps"] == 6 and report["reached"]
     assert [(c["step"], c["greedy_rewarded"]) for c in report["checks"]] == [(2, 0.75), (4, 0.75), (6, 0.0)]
-    assert (2, "sampled") not in calls and (4, "sampled") not in calls and (6, "sampled") in calls
 
     mostly_bare = QuickstartConfig(**{**run_cfg.__dict__, "verbose_fraction": 0.3})  # the rewarded style shown most
     other = _trainer(tiny, tmp_path / "b")
-    _greedy_and_sampled(monkeypatch, other, {2: (1.0, 0.75)}, sampled_rewarded=0.75)
+    _scripted_measure(monkeypatch, [_check(1.0, 0.75, greedy_rewarded=0.75)])
+    _scripted_rollouts(monkeypatch, other, reproduced=1.0, rewarded=0.75)
     assert warm_start(mostly_bare, other, rows, steps=20, progress=False)["steps"] == 2
 
 
-def test_a_check_below_the_target_samples_nothing_but_the_last_check_does(tiny, tmp_path, monkeypatch) -> None:
+def test_the_check_tasks_are_played_for_real_once_at_the_end(tiny, tmp_path, monkeypatch) -> None:
     cfg, rows, _, _ = tiny
     trainer = _trainer(tiny, tmp_path)
-    calls = _greedy_and_sampled(monkeypatch, trainer, {2: (0.5, 0.0)}, sampled_rewarded=0.25)
+    _scripted_measure(monkeypatch, [_check(0.5, 0.05)])
+    calls = _scripted_rollouts(monkeypatch, trainer, reproduced=0.75, rewarded=0.25)
     run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
                                   "sft_batch": 4})  # fmt: skip
     report = warm_start(run_cfg, trainer, rows, steps=6, progress=False)
-    assert calls == [(2, "greedy"), (4, "greedy"), (6, "greedy"), (6, "sampled")]
-    assert [c["rewarded"] for c in report["checks"]] == [None, None, 0.25]
-    assert report["rewarded"] == 0.25 and report["sampled_check"] == 1.0 and not report["weak"]
+    assert calls == [(6, "greedy"), (6, "sampled")]
+    assert [c["step"] for c in report["checks"]] == [2, 4, 6]
+    assert report["rollout_check"] == {"greedy": 0.75, "greedy_rewarded": 0.25, "sampled": 0.75,
+                                       "sampled_rewarded": 0.25}  # fmt: skip
+    assert report["check"] == 0.5 and report["rewarded"] == 0.05 and report["weak"]

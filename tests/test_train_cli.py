@@ -6,6 +6,7 @@ refusing to resume; bad input refused up front (exit 2, one line, nothing writte
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -59,6 +60,8 @@ def test_a_custom_env_is_distilled_trained_exported_reloaded_and_evaluated(tmp_p
     argv = ["train", "--data", str(rows_file), "--env", ENV, "--model", str(model_dir), "--sft-data", str(teacher),
             "--sft-lr", "0.02", "--lora-rank", "4", "--lr", "0.01", "--steps", "2", "--eval-n", "2", *SMALL,
             "--run-dir", str(run_dir)]  # fmt: skip
+    if os.environ.get("AGENTBOOST_TEST_DEVICE"):  # e.g. cuda on a GPU machine: trained there, checked on the CPU
+        argv += ["--device", os.environ["AGENTBOOST_TEST_DEVICE"]]
     assert main(argv) == 0, capsys.readouterr().err[-3000:]
     printed = capsys.readouterr().out
     assert "pass@2" in printed and "held-out report (after)" in printed
@@ -70,7 +73,8 @@ def test_a_custom_env_is_distilled_trained_exported_reloaded_and_evaluated(tmp_p
     assert "eval/pass@2" in summary["after"] and (run_dir / "eval" / "after" / "report.json").is_file()
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 3
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*")), "TensorBoard beside W&B"
-    assert list(run_dir.glob("wandb/offline-run-*")), "W&B offline unless configured"
+    if importlib.util.find_spec("wandb") is not None:
+        assert list(run_dir.glob("wandb/offline-run-*")), "W&B offline unless configured"
     assert (run_dir / "final_model" / "adapter_config.json").is_file()
 
     out = tmp_path / "export"
@@ -130,7 +134,10 @@ def test_help_shows_every_options_documentation_and_its_real_default(capsys) -> 
         assert set(docs) == {f for f in cls.__dataclass_fields__}, "every option is documented"
         for name, doc in docs.items():
             assert "".join(doc.split()) in text, (command, name)
-    ceiling = "Ceiling of the warm start (0: no warm start). (default: 1500 (built-in model), 0 with --model)"
+    ceiling = (
+        "Ceiling of the warm start, a restart included (0: no warm start). (default: 2400 (built-in model), 0 "
+        "with --model)"
+    )
     assert _squeezed(ceiling) in _squeezed(_help("quickstart", capsys))
     assert _squeezed("(default: cuda when there is one, else cpu)") in _squeezed(_help("train", capsys))
 
