@@ -373,19 +373,24 @@ class DemonstrationWarmStart:
         demonstrations fed in (:func:`agentboost.train.forced.forced`): exact where a rollout check samples,
         and per style (a greedy rollout shows only the style greedy decoding picks: one seed's skill was
         there in the sentence only, 0.81 of its greedy check, and GRPO, which rewards the bare number,
-        stayed at 0.34)."""
-        from .train.forced import forced
+        stayed at 0.34). A style's opening is set aside when the other style is checked, so a bare answer's
+        first digit is checked against every other token but "The". ``rewarded`` is the probability that a
+        sample is the bare demonstration token for token: a lower bound of the share of samples rewarded."""
+        from .train.forced import choice_token, forced
 
         temperature = trainer.config.sampling.temperature
-        b = forced(trainer.model, bare, pad_token_id=trainer.pad_token_id, temperature=temperature)
-        s = forced(trainer.model, sentence, pad_token_id=trainer.pad_token_id, temperature=temperature)
+        opens_bare = [choice_token(e) for e in bare]
+        opens_sentence = [choice_token(e) for e in sentence]
+        b = forced(trainer.model, bare, pad_token_id=trainer.pad_token_id, temperature=temperature,
+                   rivals=opens_sentence)  # fmt: skip
+        s = forced(trainer.model, sentence, pad_token_id=trainer.pad_token_id, temperature=temperature,
+                   rivals=opens_bare)  # fmt: skip
         n = len(b)
-        prefers_bare = [x.choice > y.choice for x, y in zip(b, s, strict=True)]
         return {
             "greedy": sum(x.greedy and y.greedy for x, y in zip(b, s, strict=True)) / n,
             "greedy_bare": sum(x.greedy for x in b) / n,
             "greedy_sentence": sum(y.greedy for y in s) / n,
-            "greedy_rewarded": sum(p and x.greedy for p, x in zip(prefers_bare, b, strict=True)) / n,
+            "greedy_rewarded": sum(x.picked and x.greedy for x in b) / n,
             "reproduced": sum(math.exp(x.logprob) + math.exp(y.logprob) for x, y in zip(b, s, strict=True)) / n,
             "rewarded": sum(math.exp(x.logprob) for x in b) / n,
         }
@@ -430,21 +435,23 @@ class DemonstrationWarmStart:
         bar = phase_bar("warm start", self.steps, unit="steps", progress=progress, initial=sft_run.step,
                         upper_bound=target is not None)  # fmt: skip
 
-        def check(step: int) -> bool:
+        def check(step: int, *, final: bool = False) -> bool:
             record = {"step": step, **self.measure(trainer, check_bare, check_sentence)}
             if checks and checks[-1]["step"] == step:  # (resumed at a check: measured again)
                 checks.pop()
             checks.append(record)
             logger.info("warm start step %d: %.2f of check tasks reproduce the demonstrations greedily in both "
                         "styles (bare %.2f, sentence %.2f; %.2f rewarded greedily); a sample reproduces them with "
-                        "probability %.2f, earns reward with %.2f", step, record["greedy"], record["greedy_bare"],
+                        "probability %.2f, the bare one with %.2f", step, record["greedy"], record["greedy_bare"],
                         record["greedy_sentence"], record["greedy_rewarded"], record["reproduced"],
                         record["rewarded"])  # fmt: skip
             goal = f" (target {target:.2f})" if target is not None else ""
             bar.set_postfix_str(f"step {step}: {record['greedy']:.2f} reproduce the demonstrations{goal}, "
-                                f"{record['rewarded']:.2f} of samples earn reward")  # fmt: skip
+                                f"{record['rewarded']:.2f} of samples give the bare answer")  # fmt: skip
             sign = max(record["greedy_bare"], record["greedy_sentence"])
-            if self.stalled(step, sign, sft_run.losses, restarted=any(c.get("restarted") for c in checks)):
+            restarted = any(c.get("restarted") for c in checks)
+            room = self.steps - step >= cfg.warm_start_restart_at  # fresh weights need the steps to learn
+            if not final and room and self.stalled(step, sign, sft_run.losses, restarted=restarted):
                 fresh_weights(trainer.model, seed=cfg.seed * 7919 + 1)
                 sft_run.restart(self.steps - step)
                 record["restarted"] = True
@@ -461,9 +468,12 @@ class DemonstrationWarmStart:
         def progress_record() -> dict[str, Any]:
             return {"checks": checks, "seconds": earlier + time.monotonic() - started}
 
-        def save(_step: int, _stop: bool) -> None:
+        def save(_step: int, stop: bool) -> None:
             if store is not None:
-                store.save(progress_record(), done=False)
+                store.save({**progress_record(), "stopped": stop}, done=False)
+
+        if record.get("stopped"):  # resumed after its last check ended it (Ctrl-C while playing the check tasks)
+            sft_run.steps = sft_run.step
 
         try:
             losses = sft_run.run(
@@ -471,7 +481,7 @@ class DemonstrationWarmStart:
                 after_check=save, on_step=lambda _step, _loss: bar.update(1),
             )  # fmt: skip
             if not checks or checks[-1]["step"] != len(losses):
-                check(len(losses))
+                check(len(losses), final=True)
             bar.set_postfix_str(f"playing the {len(check_rows)} check tasks")
             played = self.rollout_check(trainer, check_rows, len(losses))
         finally:
@@ -486,9 +496,9 @@ class DemonstrationWarmStart:
         if weak:
             logger.warning(
                 "after %d warm-start steps %.2f of check tasks reproduce the demonstrations greedily in both styles "
-                "and a sample earns reward with probability %.2f (below %.2f and %.2f; target %s): GRPO starts from "
-                "a weak policy and may learn little; train longer (--sft-steps, --warm-start-target) or try another "
-                "--seed",
+                "and a sample gives the rewarded answer with probability %.2f (below %.2f and %.2f; target %s): GRPO "
+                "starts from a weak policy and may learn little; train longer (--sft-steps, --warm-start-target) or "
+                "try another --seed",
                 len(losses), last["greedy"], last["rewarded"], cfg.warm_start_low,
                 self.reward_floor(cfg.warm_start_low), "none" if target is None else f"{target:.2f}",
             )  # fmt: skip
@@ -686,7 +696,7 @@ def _warm_start_line(warm: dict[str, Any]) -> str:
     ceiling = " (its ceiling)" if warm.get("target") is not None and not warm.get("reached") else ""
     return (
         f"warm start: {warm['steps']} steps{ceiling}; check: {warm['check']:.2f} reproduce the demonstrations "
-        f"greedily, {warm['rewarded']:.2f} of samples earn reward"
+        f"greedily in both styles, {warm['rewarded']:.2f} of samples give the rewarded answer"
     )
 
 

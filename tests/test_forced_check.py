@@ -29,7 +29,7 @@ from agentboost.quickstart import (  # noqa: E402
     warm_start_check_rows,
 )
 from agentboost.rewards.answer import final_answer_text  # noqa: E402
-from agentboost.train.forced import forced  # noqa: E402
+from agentboost.train.forced import NOTHING, choice_token, forced  # noqa: E402
 from agentboost.train.logprobs import response_logprobs  # noqa: E402
 from agentboost.train.sft import SFTRun, demonstration_episodes  # noqa: E402
 from agentboost.train.trainer import GRPOTrainer, TrainConfig  # noqa: E402
@@ -52,7 +52,7 @@ def sentence_only():
     check_rows = warm_start_check_rows(cfg, rows)
     sentence = demonstration_episodes(check_rows, demo_turns(verbose=True), template, env=ENV, agent=AGENT)
     bare = demonstration_episodes(check_rows, demo_turns(verbose=False), template, env=ENV, agent=AGENT)
-    run = SFTRun(model, sentence, pad_token_id=PAD, steps=400, lr=3e-3, batch_size=4,
+    run = SFTRun(model, sentence, pad_token_id=PAD, steps=300, lr=3e-3, batch_size=4,
                  schedule="constant")  # fmt: skip
     run.run()
     model.eval()
@@ -73,13 +73,94 @@ def test_forced_greedy_is_what_greedy_decoding_does(sentence_only, tmp_path) -> 
     trainer = _trainer(model, template, rows, tmp_path)
     by_id = {row["task_id"]: row for row in check_rows}
     played = trainer.rollout(check_rows, n=1, sampling=replace(trainer.config.sampling, temperature=0.0), tag="g")
-    in_sentence = forced(model, sentence, pad_token_id=PAD)
-    in_bare = forced(model, bare, pad_token_id=PAD)
-    assert all(r.greedy for r in in_sentence)  # learnt by heart
+    in_sentence = forced(model, sentence, pad_token_id=PAD, rivals=[choice_token(e) for e in bare])
+    in_bare = forced(model, bare, pad_token_id=PAD, rivals=[choice_token(e) for e in sentence])
+    assert all(r.greedy and r.picked for r in in_sentence)  # learnt by heart
     for episode, s, b in zip(played, in_sentence, in_bare, strict=True):
-        assert reproduces_demonstration(by_id[episode.task_id], episode) == s.greedy
-        assert (s.choice > b.choice) == (final_answer_text(episode) or "").startswith("The answer")
+        assert reproduces_demonstration(by_id[episode.task_id], episode) == (s.greedy and s.picked)
+        assert s.picked == (final_answer_text(episode) or "").startswith("The answer") != b.picked
     assert not any(r.greedy for r in in_bare)  # the bare number is followed by the sentence's "." (never seen)
+
+
+class _Scripted(torch.nn.Module):
+    """A "model" that predicts each next token of its input (logit 20, every other 0), except where
+    ``override(ids, j)`` returns {token: logit} for position j."""
+
+    def __init__(self, vocab: int, override) -> None:
+        super().__init__()
+        self.config = type("Config", (), {"vocab_size": vocab})()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.override = override
+
+    def forward(self, input_ids, attention_mask):
+        logits = torch.zeros((*input_ids.shape, self.config.vocab_size))
+        for b in range(input_ids.shape[0]):
+            for j in range(input_ids.shape[1] - 1):
+                logits[b, j, int(input_ids[b, j + 1])] = 20.0
+                for token, value in (self.override(input_ids[b].tolist(), j) or {}).items():
+                    logits[b, j, token] = value
+        return type("Out", (), {"logits": logits})()
+
+
+def test_a_bare_answer_s_first_digit_is_checked_not_given(sentence_only) -> None:
+    """The first token of a bare answer is its style and its first digit: setting the style aside must not
+    set the digit aside (a one-digit answer would go unchecked: a model answering bare with the wrong
+    number passed)."""
+    _, _, _, model, template, bare, sentence = sentence_only
+    vocab = int(model.config.vocab_size)
+    [episode], [other] = bare[:1], sentence[:1]
+    digit, the = choice_token(episode), choice_token(other)
+    wrong = next(t for t in template.encode("0123456789") if t != digit)
+    mask = [0] * len(episode.prompt_ids) + list(episode.response_mask)
+    choice_at = [j for j in range(1, len(mask)) if mask[j] and not mask[j - 1]][-1]
+    assert episode.num_trajectories <= 1 and [*episode.prompt_ids, *episode.response_ids][choice_at] == digit
+
+    def at_choice(scores):
+        def override(ids, j):
+            return scores if j == choice_at - 1 else None
+
+        return override
+
+    def run(scores):
+        return forced(_Scripted(vocab, at_choice(scores)), [episode], pad_token_id=PAD, rivals=[the])[0]
+
+    exact = run({})
+    assert exact.greedy and exact.picked and exact.logprob == pytest.approx(0.0, abs=1e-2)
+    assert run({the: 21.0}).greedy and not run({the: 21.0}).picked  # the sentence preferred, the digit next: set aside
+    assert not run({wrong: 21.0}).greedy  # a wrong digit first: the bare answer is wrong
+    assert not run({the: 22.0, wrong: 21.0}).greedy  # the style set aside, the wrong digit still beats the right one
+    wrong_episode = forced(_Scripted(vocab, at_choice({wrong: 21.0})), [other], pad_token_id=PAD, rivals=[digit])[0]
+    assert not wrong_episode.greedy  # the sentence's opening loses to a wrong digit that is not its rival
+
+
+def test_masked_or_empty_demonstrations_reproduce_nothing(sentence_only) -> None:
+    _, _, _, model, _, bare, _ = sentence_only
+    import copy
+
+    masked = copy.copy(bare[1])
+    masked.masked = True
+    got = forced(model, [bare[0], masked], pad_token_id=PAD)
+    assert got[1] == NOTHING and got[0] != NOTHING and math.isfinite(got[0].logprob)
+
+
+def test_chunks_and_two_trajectory_episodes_give_the_same_answers(sentence_only, monkeypatch) -> None:
+    """One row per forward pass gives what one pass over all rows gives; with Strands' sliding window
+    (two trajectories per episode) the choice is the answer's opening in the second trajectory."""
+    import agentboost.train.forced as forced_module
+    from agentboost.quickstart import quickstart_agent
+
+    _, _, check_rows, model, template, bare, sentence = sentence_only
+    together = forced(model, bare + sentence, pad_token_id=PAD)
+    monkeypatch.setattr(forced_module, "_LOGITS_PER_CHUNK", 1)
+    one_by_one = forced(model, bare + sentence, pad_token_id=PAD)
+    for a, b in zip(together, one_by_one, strict=True):
+        assert (a.greedy, a.picked) == (b.greedy, b.picked)
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-3) and a.choice == pytest.approx(b.choice, abs=1e-3)
+    windowed = quickstart_agent(QuickstartConfig(window_size=2))
+    two = demonstration_episodes(check_rows, demo_turns(verbose=True), template, env=ENV, agent=windowed)
+    assert all(e.num_trajectories == 2 for e in two)
+    assert [choice_token(e) for e in two] == [choice_token(e) for e in sentence]  # "The", in the second
+    assert all(math.isfinite(r.logprob) for r in forced(model, two, pad_token_id=PAD))
 
 
 def test_forced_probabilities_are_the_model_tokens_probabilities(sentence_only) -> None:

@@ -60,10 +60,10 @@ def main() -> None:
     )  # fmt: skip
 
     # 5. A warm start (None for a pretrained model that already calls tools): both answer styles per prompt,
-    #    30% bare number (rewarded) / 70% "The answer is 56." (not rewarded), until a sampled check shows the
-    #    policy reproduces them (ceiling 1500 steps). Anything with run(trainer, directory, progress=) works
+    #    30% bare number (rewarded) / 70% "The answer is 56." (not rewarded), until a check shows the policy
+    #    reproduces them in both styles (ceiling 2400 steps). Anything with run(trainer, directory, progress=) works
     #    (agentboost.train.warm_start: EpisodeWarmStart trains on episodes, e.g. a frontier model's).
-    warm = DemonstrationWarmStart(quick, train_rows, steps=1500)
+    warm = DemonstrationWarmStart(quick, train_rows, steps=2400)
 
     plan = RunPlan(
         run_dir=Path(args.run_dir), title="Quickstart (script)", config=asdict(quick), train_rows=train_rows,
