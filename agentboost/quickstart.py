@@ -437,8 +437,6 @@ class DemonstrationWarmStart:
 
         def check(step: int, *, final: bool = False) -> bool:
             record = {"step": step, **self.measure(trainer, check_bare, check_sentence)}
-            if checks and checks[-1]["step"] == step:  # (resumed at a check: measured again)
-                checks.pop()
             checks.append(record)
             logger.info("warm start step %d: %.2f of check tasks reproduce the demonstrations greedily in both "
                         "styles (bare %.2f, sentence %.2f; %.2f rewarded greedily); a sample reproduces them with "
@@ -512,7 +510,7 @@ class DemonstrationWarmStart:
             "target": target,
             "reward_floor": self.reward_floor(share),
             "check": last["greedy"],
-            "sampled_check": last["reproduced"],
+            "reproduced": last["reproduced"],
             "rewarded": last["rewarded"],
             "rollout_check": played,
             "reached": reached if target is not None else not weak,

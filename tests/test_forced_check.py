@@ -32,8 +32,8 @@ from agentboost.rewards.answer import final_answer_text  # noqa: E402
 from agentboost.train.forced import NOTHING, choice_token, forced  # noqa: E402
 from agentboost.train.logprobs import response_logprobs  # noqa: E402
 from agentboost.train.sft import SFTRun, demonstration_episodes  # noqa: E402
-from agentboost.train.trainer import GRPOTrainer, TrainConfig  # noqa: E402
-from agentboost.types import Budget, SamplingParams  # noqa: E402
+
+from .test_quickstart_warm_start import _trainer as warm_start_trainer  # noqa: E402
 
 AGENT = StrandsAgent(system_prompt=SYSTEM_PROMPT)
 PAD = 0
@@ -60,12 +60,7 @@ def sentence_only():
 
 
 def _trainer(model, template, rows, tmp_path):
-    config = TrainConfig(
-        run_dir=str(tmp_path), steps=0, wandb_project=None, seed=0,
-        sampling=SamplingParams(temperature=1.0, max_tokens_per_call=48),
-        budget=Budget(max_turns=3, max_total_tokens=1024, wall_clock_s=120),
-    )  # fmt: skip
-    return GRPOTrainer(model, template, rows, env=ENV, agent=AGENT, config=config)
+    return warm_start_trainer((None, rows, model, template), tmp_path, max_tokens_per_call=48)
 
 
 def test_forced_greedy_is_what_greedy_decoding_does(sentence_only, tmp_path) -> None:

@@ -134,12 +134,13 @@ def test_distinct_tasks_draw_every_operand_length_alike_and_refuse_a_space_too_s
         QuickstartConfig(demos=200, demo_max_value=9)
 
 
-def _trainer(tiny, tmp_path):
+def _trainer(tiny, tmp_path, *, max_tokens_per_call: int = 24):
+    """A trainer of ``tiny``'s model on its rows (no GRPO steps): what the warm start runs against."""
     cfg, rows, model, template = tiny
     config = TrainConfig(
         run_dir=str(tmp_path), steps=0, wandb_project=None, seed=0,
-        sampling=SamplingParams(temperature=1.0, max_tokens_per_call=24),
-        budget=Budget(max_turns=3, max_total_tokens=512, wall_clock_s=120),
+        sampling=SamplingParams(temperature=1.0, max_tokens_per_call=max_tokens_per_call),
+        budget=Budget(max_turns=3, max_total_tokens=1024, wall_clock_s=120),
     )  # fmt: skip
     return GRPOTrainer(model, template, rows, env=ENV, agent=AGENT, config=config)
 

@@ -10,7 +10,7 @@ touching the loop. Two ship:
 * :class:`EpisodeWarmStart`: SFT on episodes for a fixed number of steps (``agentboost train
   --sft-data``: successful rollouts and distilled frontier-model episodes,
   :mod:`agentboost.train.sft_data`);
-* the quickstart's demonstrations with a sampled check of the skill they teach
+* the quickstart's demonstrations with a check of the skill they teach, in both answer styles
   (:class:`agentboost.quickstart.DemonstrationWarmStart`).
 
 Both save through :class:`SFTCheckpoint`: the trained weights, the optimizer with its fp32 masters, the
