@@ -70,7 +70,7 @@ from .train.progress import phase_bar
 from .train.run import RunPlan, format_run_summary, has_checkpoint, run_training, saved_config
 from .train.sft import SFTRun, demonstration_episodes
 from .train.trainer import GRPOTrainer, TrainConfig
-from .train.warm_start import SFTCheckpoint
+from .train.warm_start import SFTCheckpoint, load_trained_state, trained_state
 from .types import Budget, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -343,6 +343,16 @@ class DemonstrationWarmStart:
     def passed(self, reproduced: float, rewarded: float, share: float) -> bool:
         return reproduced >= share and rewarded >= self.reward_floor(share)
 
+    def score(self, check: dict[str, Any]) -> tuple[float, float]:
+        """How close a check comes to the target, to pick the weights GRPO gets when no check reached it: the
+        lower of its two shares of what passing needs (check tasks reproduced greedily in both styles, the
+        probability that a sample is rewarded), then their sum."""
+        share = self.cfg.warm_start_target if self.cfg.warm_start_target is not None else self.cfg.warm_start_low
+        parts = [check["greedy"] / share if share > 0 else 1.0]
+        floor = self.reward_floor(share)
+        parts.append(check["rewarded"] / floor if floor > 0 else 1.0)
+        return min(*parts, 1.0), sum(parts)
+
     def imitates(self, greedy_rewarded: float | None) -> bool:
         """The greedy answers follow the demonstrations' majority style on most check tasks. With
         demonstrations mostly in the unrewarded style, a policy whose greedy answers are already mostly
@@ -431,6 +441,10 @@ class DemonstrationWarmStart:
         if resumed and resumed["done"]:
             return record
         checks: list[dict[str, Any]] = list(record.get("checks", []))
+        # the best-checked weights so far: handed to GRPO if no check reaches the target (the last check of
+        # a run at its ceiling can catch a low: one seed's bare style swung 0.0-0.56 between checks)
+        kept = (resumed or {}).get("weights", {})
+        best: dict[str, Any] = {"step": record.get("best_step"), "state": kept.get("best")}
         earlier = float(record.get("seconds", 0.0))
         bar = phase_bar("warm start", self.steps, unit="steps", progress=progress, initial=sft_run.step,
                         upper_bound=target is not None)  # fmt: skip
@@ -457,6 +471,9 @@ class DemonstrationWarmStart:
                                "plateau: starting again from fresh weights (at most %d more steps)", step,
                                self.steps - step)  # fmt: skip
                 return False
+            earlier_best = next((c for c in checks if c["step"] == best["step"]), None)
+            if best["state"] is None or earlier_best is None or self.score(record) >= self.score(earlier_best):
+                best.update(step=step, state=trained_state(trainer.model))
             return (
                 target is not None
                 and self.passed(record["greedy"], record["rewarded"], target)
@@ -464,11 +481,12 @@ class DemonstrationWarmStart:
             )
 
         def progress_record() -> dict[str, Any]:
-            return {"checks": checks, "seconds": earlier + time.monotonic() - started}
+            return {"checks": checks, "best_step": best["step"], "seconds": earlier + time.monotonic() - started}
 
         def save(_step: int, stop: bool) -> None:
             if store is not None:
-                store.save({**progress_record(), "stopped": stop}, done=False)
+                kept = {"best": best["state"]} if best["state"] is not None else None
+                store.save({**progress_record(), "stopped": stop}, done=False, weights=kept)
 
         if record.get("stopped"):  # resumed after its last check ended it (Ctrl-C while playing the check tasks)
             sft_run.steps = sft_run.step
@@ -480,24 +498,34 @@ class DemonstrationWarmStart:
             )  # fmt: skip
             if not checks or checks[-1]["step"] != len(losses):
                 check(len(losses), final=True)
+            last = checks[-1]
+            reached = (
+                target is not None
+                and self.passed(last["greedy"], last["rewarded"], target)
+                and self.imitates(last["greedy_rewarded"])
+            )
+            handed = last
+            if not reached and best["state"] is not None and best["step"] != last["step"]:
+                handed = next(c for c in checks if c["step"] == best["step"])
+                load_trained_state(trainer.model, best["state"], directory or Path("."))
+                logger.info("warm start: no check reached the target; GRPO starts from the best-checked weights, "
+                            "step %d's (%.2f reproduce the demonstrations greedily in both styles, %.2f of samples "
+                            "give the rewarded answer; the last check, step %d: %.2f and %.2f)", handed["step"],
+                            handed["greedy"], handed["rewarded"], last["step"], last["greedy"],
+                            last["rewarded"])  # fmt: skip
             bar.set_postfix_str(f"playing the {len(check_rows)} check tasks")
             played = self.rollout_check(trainer, check_rows, len(losses))
         finally:
             bar.close()
-        last = checks[-1]
-        reached = (
-            target is not None
-            and self.passed(last["greedy"], last["rewarded"], target)
-            and self.imitates(last["greedy_rewarded"])
-        )
+        last = handed
         weak = not self.passed(last["greedy"], last["rewarded"], cfg.warm_start_low)
         if weak:
             logger.warning(
-                "after %d warm-start steps %.2f of check tasks reproduce the demonstrations greedily in both styles "
-                "and a sample gives the rewarded answer with probability %.2f (below %.2f and %.2f; target %s): GRPO "
-                "starts from a weak policy and may learn little; train longer (--sft-steps, --warm-start-target) or "
-                "try another --seed",
-                len(losses), last["greedy"], last["rewarded"], cfg.warm_start_low,
+                "after %d warm-start steps (GRPO gets step %d's weights) %.2f of check tasks reproduce the "
+                "demonstrations greedily in both styles and a sample gives the rewarded answer with probability %.2f "
+                "(below %.2f and %.2f; target %s): GRPO starts from a weak policy and may learn little; train longer "
+                "(--sft-steps, --warm-start-target) or try another --seed",
+                len(losses), last["step"], last["greedy"], last["rewarded"], cfg.warm_start_low,
                 self.reward_floor(cfg.warm_start_low), "none" if target is None else f"{target:.2f}",
             )  # fmt: skip
         elif target is not None and not reached:
@@ -507,6 +535,7 @@ class DemonstrationWarmStart:
         result = {
             "steps": len(losses),
             "ceiling": self.steps,
+            "handed_over_step": last["step"],
             "target": target,
             "reward_floor": self.reward_floor(share),
             "check": last["greedy"],

@@ -562,8 +562,8 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
     saves = {"n": 0}
     original_save = quickstart.SFTCheckpoint.save
 
-    def interrupted(self, record, *, done):
-        original_save(self, record, done=done)
+    def interrupted(self, record, *, done, weights=None):
+        original_save(self, record, done=done, weights=weights)
         saves["n"] += 1
         if saves["n"] == 2:  # saved at step 4, after the restart at step 2
             raise KeyboardInterrupt
@@ -661,3 +661,79 @@ def test_ctrl_c_while_the_check_tasks_are_played_resumes_without_training_on(tin
     report = warm_start(run_cfg, trainer, rows, steps=20, progress=False, directory=tmp_path / "ws")
     assert report["steps"] == 2 and report["reached"] and [c["step"] for c in report["checks"]] == [2]
     assert report["rollout_check"]["greedy"] == 1.0
+
+
+def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights(tiny, tmp_path, monkeypatch) -> None:
+    """Seed 107 reproduced the check tasks in the sentence at 0.84 from step 550, its bare answers swinging
+    between 0.0 and 0.56 from check to check; at the 2400-step ceiling the last check caught a low (0.12) and
+    GRPO, given those weights, gained +0.19. With no check at the target, GRPO gets the best-checked weights
+    (the lower of the check's shares of the two passing thresholds, then their sum), also after a resume."""
+    import copy
+
+    import agentboost.quickstart as quickstart
+    from agentboost.quickstart import DemonstrationWarmStart
+    from agentboost.train.warm_start import trained_state
+
+    cfg, rows, model, template = tiny
+    checks = [_check(0.3, 0.02), _check(0.5, 0.08), _check(0.6, 0.01), _check(0.1, 0.01)]  # step 4's is best
+    seen: dict[int, dict[str, torch.Tensor]] = {}
+
+    def measured(self, trainer, bare, sentence):
+        seen[len(seen) * 2 + 2] = trained_state(trainer.model)
+        return dict(checks[min(len(seen) - 1, len(checks) - 1)])
+
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    rule = DemonstrationWarmStart(run_cfg, rows, steps=8)
+    assert rule.score(checks[1]) > rule.score(checks[0]) > rule.score(checks[2]) > rule.score(checks[3])  # floor 0.12
+
+    def run(directory, *, interrupt_after_saves: int | None = None):
+        seen.clear()
+        own = copy.deepcopy(model)
+        trainer = _trainer((cfg, rows, own, template), tmp_path / directory)
+        monkeypatch.setattr(DemonstrationWarmStart, "measure", measured)
+        _scripted_rollouts(monkeypatch, trainer, reproduced=0.5, rewarded=0.1)
+        return own, trainer
+
+    own, trainer = run("a")
+    report = warm_start(run_cfg, trainer, rows, steps=8, progress=False)
+    assert [c["step"] for c in report["checks"]] == [2, 4, 6, 8] and not report["reached"]
+    assert report["handed_over_step"] == 4 and report["check"] == 0.5 and report["rewarded"] == 0.08
+    for name, value in trained_state(own).items():
+        assert torch.equal(value, seen[4][name]), name
+    assert any(not torch.equal(seen[8][k], seen[4][k]) for k in seen[4])  # the last weights were others
+
+    own, trainer = run("b")
+    saves = {"n": 0}
+    original_save = quickstart.SFTCheckpoint.save
+
+    def interrupted(self, record, *, done, weights=None):
+        original_save(self, record, done=done, weights=weights)
+        saves["n"] += 1
+        if saves["n"] == 3:  # saved at step 6, the best (step 4) kept beside the weights
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(run_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "b" / "ws")
+    best_at_4 = seen[4]
+    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", original_save)
+    seen.clear()
+    seen.update({2: {}, 4: {}, 6: {}})  # the next measure is the 4th check (step 8)
+    report = warm_start(run_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "b" / "ws")
+    assert report["handed_over_step"] == 4 and report["check"] == 0.5
+    for name, value in trained_state(own).items():
+        assert torch.equal(value, best_at_4[name]), name
+    again = warm_start(run_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "b" / "ws")
+    assert again["handed_over_step"] == 4  # a finished warm start is read back, the handed weights saved
+
+
+def test_a_warm_start_that_reaches_its_target_hands_over_the_weights_that_reached_it(tiny, tmp_path, monkeypatch):
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    _scripted_measure(monkeypatch, [_check(1.0, 0.3), _check(0.9, 0.2)])  # the first is higher, not at target
+    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4, "warm_start_target": 0.95})  # fmt: skip
+    report = warm_start(run_cfg, trainer, rows, steps=20, progress=False)
+    assert report["steps"] == 2 and report["handed_over_step"] == 2 and report["reached"]

@@ -14,8 +14,9 @@ touching the loop. Two ship:
   (:class:`agentboost.quickstart.DemonstrationWarmStart`).
 
 Both save through :class:`SFTCheckpoint`: the trained weights, the optimizer with its fp32 masters, the
-batch sampler's and torch's random state, the losses and the caller's own record (checks, seconds),
-written atomically (a new directory renamed over the old one).
+batch sampler's and torch's random state, the losses, the caller's own record (checks, seconds) and
+any other weights it keeps (the quickstart's best-checked ones), written atomically (a new directory
+renamed over the old one).
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class SFTCheckpoint:
         self.run = run
 
     def load(self) -> dict[str, Any] | None:
-        """Restore the model and the run from the last save; returns ``{"done", "record"}`` or None."""
+        """Restore the model and the run from the last save; returns ``{"done", "record", "weights"}`` (the
+        other weights saved with it, by name) or None."""
         import torch
 
         state_path = self.directory / STATE
@@ -76,10 +78,16 @@ class SFTCheckpoint:
         state = json.loads(state_path.read_text())
         load_trained_state(self.model, torch.load(self.directory / "model.pt", map_location="cpu"), self.directory)
         self.run.load_state_dict(torch.load(self.directory / "sft.pt", map_location="cpu"))
+        weights = {
+            name: torch.load(self.directory / f"weights-{name}.pt", map_location="cpu")
+            for name in state.get("weights", [])
+        }
         logger.info("warm start resumed from %s at step %d", self.directory, self.run.step)
-        return {"done": bool(state["done"]), "record": dict(state.get("record", {}))}
+        return {"done": bool(state["done"]), "record": dict(state.get("record", {})), "weights": weights}
 
-    def save(self, record: dict[str, Any], *, done: bool) -> None:
+    def save(self, record: dict[str, Any], *, done: bool, weights: dict[str, dict[str, Any]] | None = None) -> None:
+        """Save the run, the model's trained weights, ``record`` and ``weights`` (other trained states the
+        caller keeps, by name: :func:`trained_state` dicts)."""
         import torch
 
         tmp = self.directory.with_name(self.directory.name + ".tmp")
@@ -88,7 +96,11 @@ class SFTCheckpoint:
         tmp.mkdir(parents=True)
         torch.save(trained_state(self.model), tmp / "model.pt")
         torch.save(self.run.state_dict(), tmp / "sft.pt")
-        (tmp / STATE).write_text(json.dumps({"step": self.run.step, "done": done, "record": record}))
+        for name, state in (weights or {}).items():
+            torch.save(state, tmp / f"weights-{name}.pt")
+        (tmp / STATE).write_text(
+            json.dumps({"step": self.run.step, "done": done, "record": record, "weights": sorted(weights or {})})
+        )
         if self.directory.exists():
             shutil.rmtree(self.directory)
         tmp.rename(self.directory)
