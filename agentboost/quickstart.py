@@ -343,15 +343,18 @@ class DemonstrationWarmStart:
     def passed(self, reproduced: float, rewarded: float, share: float) -> bool:
         return reproduced >= share and rewarded >= self.reward_floor(share)
 
-    def score(self, check: dict[str, Any]) -> tuple[float, float]:
-        """How close a check comes to the target, to pick the weights GRPO gets when no check reached it: the
-        lower of its two shares of what passing needs (check tasks reproduced greedily in both styles, the
-        probability that a sample is rewarded), then their sum."""
+    def score(self, check: dict[str, Any]) -> tuple[bool, float, float]:
+        """How close a check comes to the target, to pick the weights GRPO gets when no check reached it:
+        whether its greedy answers follow the demonstrated style (:meth:`imitates`), then the lower of its
+        two shares of what passing needs (check tasks reproduced greedily in both styles, the probability
+        that a sample is rewarded), then their sum (each share counted up to 1)."""
         share = self.cfg.warm_start_target if self.cfg.warm_start_target is not None else self.cfg.warm_start_low
-        parts = [check["greedy"] / share if share > 0 else 1.0]
         floor = self.reward_floor(share)
-        parts.append(check["rewarded"] / floor if floor > 0 else 1.0)
-        return min(*parts, 1.0), sum(parts)
+        parts = [
+            min(1.0, check["greedy"] / share) if share > 0 else 1.0,
+            min(1.0, check["rewarded"] / floor) if floor > 0 else 1.0,
+        ]
+        return self.imitates(check.get("greedy_rewarded")), min(parts), sum(parts)
 
     def imitates(self, greedy_rewarded: float | None) -> bool:
         """The greedy answers follow the demonstrations' majority style on most check tasks. With
@@ -467,13 +470,14 @@ class DemonstrationWarmStart:
                 fresh_weights(trainer.model, seed=cfg.seed * 7919 + 1)
                 sft_run.restart(self.steps - step)
                 record["restarted"] = True
+                best.update(step=None, state=None)  # the stalled weights are never handed over
                 logger.warning("warm start step %d: no sign of the copying skill and the loss still on its "
                                "plateau: starting again from fresh weights (at most %d more steps)", step,
                                self.steps - step)  # fmt: skip
                 return False
             earlier_best = next((c for c in checks if c["step"] == best["step"]), None)
             if best["state"] is None or earlier_best is None or self.score(record) >= self.score(earlier_best):
-                best.update(step=step, state=trained_state(trainer.model))
+                best.update(step=step, state=trained_state(trainer.model, device="cpu"))
             return (
                 target is not None
                 and self.passed(record["greedy"], record["rewarded"], target)
@@ -498,6 +502,7 @@ class DemonstrationWarmStart:
             )  # fmt: skip
             if not checks or checks[-1]["step"] != len(losses):
                 check(len(losses), final=True)
+                save(len(losses), True)  # Ctrl-C from here on resumes without training or checking again
             last = checks[-1]
             reached = (
                 target is not None

@@ -687,7 +687,7 @@ def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights
     rule = DemonstrationWarmStart(run_cfg, rows, steps=8)
     assert rule.score(checks[1]) > rule.score(checks[0]) > rule.score(checks[2]) > rule.score(checks[3])  # floor 0.12
 
-    def run(directory, *, interrupt_after_saves: int | None = None):
+    def run(directory):
         seen.clear()
         own = copy.deepcopy(model)
         trainer = _trainer((cfg, rows, own, template), tmp_path / directory)
@@ -724,16 +724,55 @@ def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights
     assert report["handed_over_step"] == 4 and report["check"] == 0.5
     for name, value in trained_state(own).items():
         assert torch.equal(value, best_at_4[name]), name
+    with torch.no_grad():  # a new process would rebuild the model: what a finished warm start saved must win
+        for p in own.parameters():
+            p.add_(0.5)
     again = warm_start(run_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "b" / "ws")
-    assert again["handed_over_step"] == 4  # a finished warm start is read back, the handed weights saved
+    assert again["handed_over_step"] == 4  # a finished warm start is read back, with the weights it handed over
+    for name, value in trained_state(own).items():
+        assert torch.equal(value, best_at_4[name]), name
+
+
+def test_a_check_whose_greedy_answers_are_already_rewarded_is_not_handed_over_before_a_lower_one(
+    tiny, tmp_path, monkeypatch
+):
+    """A check above the thresholds whose greedy answers are already mostly in the rewarded style did not end
+    the warm start (GRPO's job half done before it starts): at the ceiling it is not the one handed over
+    either, however high its shares."""
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    _scripted_measure(monkeypatch, [_check(1.0, 0.9, greedy_rewarded=0.9), _check(0.6, 0.1)])
+    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    report = warm_start(run_cfg, trainer, rows, steps=4, progress=False)
+    assert [c["step"] for c in report["checks"]] == [2, 4] and not report["reached"]
+    assert report["handed_over_step"] == 4 and report["check"] == 0.6
+
+
+def test_a_restart_forgets_the_stalled_weights(tiny, tmp_path, monkeypatch) -> None:
+    """The weights a restart gave up on are never the ones handed over, even if every later check is lower."""
+    import copy
+
+    from agentboost.quickstart import DemonstrationWarmStart
+
+    cfg, rows, model, template = tiny
+    trainer = _trainer((cfg, rows, copy.deepcopy(model), template), tmp_path)
+    _scripted_measure(monkeypatch, [_check(0.04, 0.01), _check(0.0, 0.0)])  # 0.04 at step 2, then nothing
+    _scripted_rollouts(monkeypatch, trainer, reproduced=0.0, rewarded=0.0)
+    monkeypatch.setattr(DemonstrationWarmStart, "stalled", lambda self, step, *a, restarted: step == 4)
+    options = {"warm_start_check_every": 2, "sft_batch": 4, "warm_start_restart_at": 2}
+    report = warm_start(QuickstartConfig(**{**cfg.__dict__, **options}), trainer, rows, steps=8, progress=False)
+    assert [bool(c.get("restarted")) for c in report["checks"]] == [False, True, False, False]
+    assert report["handed_over_step"] == 8  # not step 2's, the best of the weights given up on
 
 
 def test_a_warm_start_that_reaches_its_target_hands_over_the_weights_that_reached_it(tiny, tmp_path, monkeypatch):
     cfg, rows, _, _ = tiny
     trainer = _trainer(tiny, tmp_path)
-    _scripted_measure(monkeypatch, [_check(1.0, 0.3), _check(0.9, 0.2)])  # the first is higher, not at target
+    _scripted_measure(monkeypatch, [_check(1.0, 0.9, greedy_rewarded=0.9), _check(0.9, 0.2)])  # higher shares first
     _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
     run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
-                                  "sft_batch": 4, "warm_start_target": 0.95})  # fmt: skip
+                                  "sft_batch": 4})  # fmt: skip
     report = warm_start(run_cfg, trainer, rows, steps=20, progress=False)
-    assert report["steps"] == 2 and report["handed_over_step"] == 2 and report["reached"]
+    assert report["steps"] == 4 and report["handed_over_step"] == 4 and report["reached"]

@@ -193,3 +193,47 @@ def test_a_minibatch_of_masked_rows_does_not_move_the_weights(tiny, tmp_path, mo
 def test_impossible_micro_batch_settings_are_refused(field, value) -> None:
     with pytest.raises(ValueError, match=field):
         TrainConfig(**{field: value})
+
+
+def test_grpo_after_a_warm_start_trains_the_warm_started_bf16_weights(tiny, tmp_path, monkeypatch) -> None:
+    """The trainer's optimizer is made before the warm start runs: for a bf16 model its fp32 masters were
+    the weights before the warm start, and GRPO's first step wrote them back over everything the warm start
+    had trained (found by a review). The loop hands the optimizer the warm-started weights."""
+    from dataclasses import replace
+
+    from agentboost.quickstart import quickstart_plan
+    from agentboost.train import run as run_module
+    from agentboost.train.run import run_training
+
+    made: list[GRPOTrainer] = []
+
+    class Recorded(GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(run_module, "GRPOTrainer", Recorded)
+
+    model, template, rows = tiny
+    policy = copy.deepcopy(model).to(torch.bfloat16)
+    initial = {k: v.clone() for k, v in policy.state_dict().items()}
+
+    class ShiftingWarmStart:
+        def run(self, trainer, directory, *, progress):
+            with torch.no_grad():
+                for p in trainer.model.parameters():
+                    p.add_(0.25)
+            return {"kind": "shift"}
+
+    cfg = QuickstartConfig(hidden_size=64, num_layers=1, seed=0, train_tasks=8, eval_tasks=2, grpo_steps=1,
+                           prompts_per_step=2, group_size=2, eval_every=0, wandb_project=None, tensorboard=False,
+                           run_dir=str(tmp_path / "run"), device="cpu")  # fmt: skip
+    plan = replace(quickstart_plan(cfg), build_model=lambda: (policy, template.tokenizer),
+                   warm_start=ShiftingWarmStart())  # fmt: skip
+    run_training(plan, progress=False)
+    optimizer = made[0].optimizer
+    assert optimizer.has_masters
+    for p, master in zip(optimizer.params, optimizer.masters, strict=True):  # GRPO's masters are the weights
+        assert float((master.detach() - p.detach().float()).abs().max()) < 0.02  # (before: the initial ones, 0.25 off)
+    moved = max(float((policy.state_dict()[k].float() - (v.float() + 0.25)).abs().max()) for k, v in initial.items())
+    assert moved < 0.05  # at most one GRPO step from the warm-started weights

@@ -37,6 +37,17 @@ class MasterWeightAdamW:
                 self.masters.append(p)
         self.optimizer = torch.optim.AdamW(self.masters, lr=lr, weight_decay=weight_decay, **kwargs)
 
+    def take_weights(self) -> None:
+        """Make the masters the weights as they are now, after something else changed them (a warm start
+        between this optimizer's creation and its first step): its next step would otherwise write the old
+        weights back over them."""
+        import torch
+
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters, strict=True):
+                if m is not p:
+                    m.copy_(p.float())
+
     @property
     def has_masters(self) -> bool:
         return any(m is not p for m, p in zip(self.masters, self.params, strict=True))

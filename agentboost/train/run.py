@@ -147,6 +147,7 @@ def run_training(plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
             if plan.warm_start is not None:
                 t = time.monotonic()
                 warm = plan.warm_start.run(trainer, run_dir / WARM_START, progress=progress)
+                trainer.optimizer.take_weights()  # GRPO's optimizer was made before: its masters are the old weights
                 timings["sft_s"] = float(warm.get("seconds", time.monotonic() - t))
             t = time.monotonic()
             before = evaluate(trainer, plan, "before", progress=progress)

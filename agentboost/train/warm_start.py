@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -47,10 +48,11 @@ class WarmStart(Protocol):
         ...
 
 
-def trained_state(model: Any) -> dict[str, Any]:
-    """The weights training changes: every trainable parameter (LoRA: the adapters only)."""
+def trained_state(model: Any, *, device: Any = None) -> dict[str, Any]:
+    """The weights training changes: every trainable parameter (LoRA: the adapters only), copied (to
+    ``device`` when given: a copy kept aside need not take accelerator memory)."""
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if k in trainable}
+    return {k: v.detach().to(device, copy=True) for k, v in model.state_dict().items() if k in trainable}
 
 
 def load_trained_state(model: Any, state: dict[str, Any], where: Path) -> None:
@@ -66,6 +68,7 @@ class SFTCheckpoint:
         self.directory = Path(directory)
         self.model = model
         self.run = run
+        self._written: dict[str, Any] = {}  # the weights in the saved directory, by name (linked, not rewritten)
 
     def load(self) -> dict[str, Any] | None:
         """Restore the model and the run from the last save; returns ``{"done", "record", "weights"}`` (the
@@ -76,12 +79,15 @@ class SFTCheckpoint:
         if not state_path.is_file():
             return None
         state = json.loads(state_path.read_text())
-        load_trained_state(self.model, torch.load(self.directory / "model.pt", map_location="cpu"), self.directory)
         self.run.load_state_dict(torch.load(self.directory / "sft.pt", map_location="cpu"))
+        # after the run: its optimizer puts its fp32 masters back into low-precision weights, and a finished
+        # warm start may have handed over other weights than its last step's (the quickstart's best-checked)
+        load_trained_state(self.model, torch.load(self.directory / "model.pt", map_location="cpu"), self.directory)
         weights = {
             name: torch.load(self.directory / f"weights-{name}.pt", map_location="cpu")
             for name in state.get("weights", [])
         }
+        self._written = dict(weights)
         logger.info("warm start resumed from %s at step %d", self.directory, self.run.step)
         return {"done": bool(state["done"]), "record": dict(state.get("record", {})), "weights": weights}
 
@@ -97,13 +103,21 @@ class SFTCheckpoint:
         torch.save(trained_state(self.model), tmp / "model.pt")
         torch.save(self.run.state_dict(), tmp / "sft.pt")
         for name, state in (weights or {}).items():
-            torch.save(state, tmp / f"weights-{name}.pt")
+            saved = self.directory / f"weights-{name}.pt"
+            if self._written.get(name) is state and saved.is_file():
+                try:
+                    os.link(saved, tmp / saved.name)
+                    continue
+                except OSError:  # a file system without hard links
+                    pass
+            torch.save(state, tmp / saved.name)
         (tmp / STATE).write_text(
             json.dumps({"step": self.run.step, "done": done, "record": record, "weights": sorted(weights or {})})
         )
         if self.directory.exists():
             shutil.rmtree(self.directory)
         tmp.rename(self.directory)
+        self._written = dict(weights or {})
 
 
 @dataclass
