@@ -324,9 +324,10 @@ class DemonstrationWarmStart:
     least half the rewarded style's demonstrated share of ``target`` (a model learns the copying before it
     learns the 30% style: stopping on the skills alone left GRPO with no rewarded sample) and greedy
     answers follow the demonstrations' majority style (:meth:`imitates`). ``steps`` is the ceiling. At the
-    end the check tasks are also played (greedy and sampled; ``rollout_check``). A warning is given when the
-    last check is below ``warm_start_low`` (the policy GRPO gets is weak), not merely because the
-    ceiling came first.
+    end the check tasks are also played (greedy and sampled; ``rollout_check``). When no check reached the
+    target, GRPO gets the best-checked weights (:meth:`score`), not the last: the last check of a run at its
+    ceiling can catch a low. A warning is given when the check of the weights GRPO gets is below
+    ``warm_start_low`` (the policy GRPO gets is weak), not merely because the ceiling came first.
 
     A warm start (of one of the :mod:`agentboost.train.warm_start` kinds) saves itself at every check
     in its directory and resumes from there; :meth:`run` returns what was measured (summary.json's
