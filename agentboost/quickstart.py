@@ -132,6 +132,12 @@ class QuickstartConfig:
     answered from memory, only by copying the expression into the call and the tool's number into the
     answer, the skill the task's own expressions need too. With demonstrations of the task's own ~180
     training expressions, some seeds memorised them and copied none of the new ones for 1500 steps."""
+    demo_max_ops: int | None = field(default=None, metadata={"default_text": "max_ops"})
+    """Most operators per demonstrated expression (1 to this many, equally likely). With one, a call's
+    operator is one copied token of about six, and a model can fit the demonstrations closely without
+    copying it: seed 102 copied every operand from step 1100 on but wrote "*" for most "+" and "-" to the
+    2400-step ceiling. More make an operator that is not copied wrong more often (not measured over
+    seeds: README, "Over seeds")."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = field(default=None, metadata={"default_text": "2400 (built-in model), 0 with --model"})
@@ -191,8 +197,8 @@ class QuickstartConfig:
             if isinstance(value, float) and not math.isfinite(value):
                 problems.append(f"{name} must be a finite number, got {value}")
         for name in ("hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks", "eval_tasks", "max_ops",
-                     "max_value", "demos", "demo_max_value", "warm_start_check_every", "warm_start_check_tasks",
-                     "sft_batch", "prompts_per_step", "group_size"):  # fmt: skip
+                     "max_value", "demos", "demo_max_value", "warm_start_check_every",
+                     "warm_start_check_tasks", "sft_batch", "prompts_per_step", "group_size"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("lora_rank", "grpo_steps", "eval_every", "sft_weight_decay", "kl_coef", "warm_start_restart_at"):
@@ -215,8 +221,10 @@ class QuickstartConfig:
                 f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
                 f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
             )
-        space = expression_space(self.max_ops, self.demo_max_value) if self.demo_max_value >= 1 else 0
-        if self.demos > space // 2:
+        if self.demo_max_ops is not None and self.demo_max_ops < 1:
+            problems.append(f"demo_max_ops must be >= 1 or none, got {self.demo_max_ops}")
+        space = expression_space(self.demo_ops, self.demo_max_value) if self.demo_max_value >= 1 else 0
+        if self.demo_ops >= 1 and self.demos > space // 2:
             problems.append(
                 f"demos={self.demos} different expressions need demo_max_value above {self.demo_max_value} (its "
                 f"space holds {space}; the demonstrations may take at most half)"
@@ -227,6 +235,11 @@ class QuickstartConfig:
             problems.append(f"sft_schedule must be 'constant' or 'cosine', got {self.sft_schedule!r}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def demo_ops(self) -> int:
+        """Most operators per demonstrated expression (``demo_max_ops``, else the tasks' ``max_ops``)."""
+        return self.demo_max_ops if self.demo_max_ops is not None else self.max_ops
 
 
 def verbose_answer(answer: str) -> str:
@@ -263,7 +276,7 @@ def demonstration_rows(cfg: QuickstartConfig, check_rows: list[dict[str, Any]]) 
     """The tasks the warm start demonstrates: ``cfg.demos`` different expressions of operands up to
     ``cfg.demo_max_value`` (none held out, none a check task; :func:`make_distinct_tasks`)."""
     return make_distinct_tasks(
-        cfg.demos, seed=cfg.seed, max_ops=cfg.max_ops, max_value=cfg.demo_max_value, spaced=cfg.spaced_expressions,
+        cfg.demos, seed=cfg.seed, max_ops=cfg.demo_ops, max_value=cfg.demo_max_value, spaced=cfg.spaced_expressions,
         exclude=[row["expression"] for row in check_rows],
     )  # fmt: skip
 
@@ -675,11 +688,14 @@ def quickstart_plan(cfg: QuickstartConfig) -> RunPlan:
 
 _DEFINES_THE_RUN = (
     "seed", "model", "lora_rank", "hidden_size", "num_layers", "num_heads", "vocab_size", "train_tasks",
-    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "demo_max_value", "verbose_fraction",
+    "eval_tasks", "max_ops", "max_value", "spaced_expressions", "demos", "demo_max_value", "demo_max_ops",
+    "verbose_fraction",
     "window_size",
 )  # fmt: skip
 """Options a checkpoint only makes sense with: the model, its tokenizer (built from the tasks) and the tasks."""
-_BEFORE_IT_WAS_RECORDED = {"spaced_expressions": True, "window_size": None, "demo_max_value": None}
+_BEFORE_IT_WAS_RECORDED = {
+    "spaced_expressions": True, "window_size": None, "demo_max_value": None, "demo_max_ops": None,
+}  # fmt: skip
 """What a run directory written before an option existed was run with."""
 _BUILT_IN_MODEL = ("hidden_size", "num_layers", "num_heads", "vocab_size")
 """Options of the built-in model only: ignored with --model."""

@@ -776,3 +776,15 @@ def test_a_warm_start_that_reaches_its_target_hands_over_the_weights_that_reache
                                   "sft_batch": 4})  # fmt: skip
     report = warm_start(run_cfg, trainer, rows, steps=20, progress=False)
     assert report["steps"] == 4 and report["handed_over_step"] == 4 and report["reached"]
+
+
+def test_demonstrations_take_the_tasks_operator_count_unless_told_otherwise() -> None:
+    """--demo-max-ops: the demonstrated expressions may hold more operators than the tasks (a call's
+    operator is then more of what is copied); by default the tasks' max_ops, as before the option."""
+    one = QuickstartConfig(demos=64, seed=3)
+    two = QuickstartConfig(demos=64, seed=3, demo_max_ops=2)
+    count = lambda rows: {sum(e in "+-*" for e in r["expression"].lstrip("-")) for r in rows}  # noqa: E731
+    assert count(demonstration_rows(one, [])) == {1} and count(demonstration_rows(two, [])) == {1, 2}
+    assert QuickstartConfig(max_ops=2).demo_ops == 2
+    with pytest.raises(ValueError, match="demo_max_ops must be >= 1"):
+        QuickstartConfig(demo_max_ops=0)
