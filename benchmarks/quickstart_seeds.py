@@ -72,6 +72,7 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
         "warm_start_steps": summary.get("warm_start", {}).get("steps"),
         "warm_start_weak": summary.get("warm_start", {}).get("weak"),  # below --warm-start-low: the run warned
         "warm_start_restarted_at": next((c["step"] for c in checks if c.get("restarted")), None),
+        "warm_start_handed_over_step": summary.get("warm_start", {}).get("handed_over_step"),  # best-checked
         "seconds": summary["timings"].get("total_s"),
         "timings": summary["timings"],
     }
@@ -91,6 +92,9 @@ def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one r
         check = "-" if r["warm_start_check"] is None else f"{r['warm_start_check']:.2f} ({r['warm_start_steps']})"
         if r.get("warm_start_restarted_at") is not None:
             check += f" (restarted at {r['warm_start_restarted_at']})"
+        handed = r.get("warm_start_handed_over_step")
+        if handed is not None and handed != r["warm_start_steps"]:
+            check += f" (GRPO from step {handed}'s weights)"
         lines.append(
             f"| {r['seed']} | {r['before']:.3f} | {r['after']:.3f} | {r['improvement']:+.3f} | {check} | "
             f"{r['seconds'] / 60:.1f} min{_split(r.get('timings') or {})} |"
