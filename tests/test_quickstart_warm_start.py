@@ -788,3 +788,41 @@ def test_demonstrations_take_the_tasks_operator_count_unless_told_otherwise() ->
     assert QuickstartConfig(max_ops=2).demo_ops == 2
     with pytest.raises(ValueError, match="demo_max_ops must be >= 1"):
         QuickstartConfig(demo_max_ops=0)
+
+
+def test_ctrl_c_while_the_check_tasks_are_played_at_the_ceiling_resumes_without_training_on(
+    tiny, tmp_path, monkeypatch
+) -> None:
+    """The ceiling's own check is saved before the check tasks are played: a Ctrl-C there resumes without
+    training or checking again, and hands over the same best-checked weights."""
+    import copy
+
+    from agentboost.train.sft import SFTRun
+    from agentboost.train.warm_start import trained_state
+
+    cfg, rows, model, template = tiny
+    own = copy.deepcopy(model)
+    trainer = _trainer((cfg, rows, own, template), tmp_path)
+    measured = _scripted_measure(monkeypatch, [_check(0.5, 0.08), _check(0.2, 0.01)])  # step 4 best, 6 lower
+    _scripted_rollouts(monkeypatch, trainer, reproduced=0.5, rewarded=0.1)
+    scripted = trainer.rollout
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "rollout", ctrl_c)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 4, "sft_batch": 4})
+    with pytest.raises(KeyboardInterrupt):
+        warm_start(run_cfg, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
+    handed = trained_state(own)
+    assert len(measured) == 2
+    monkeypatch.setattr(trainer, "rollout", scripted)
+    monkeypatch.setattr(SFTRun, "train_step", lambda self: pytest.fail("trained past the ceiling's check"))
+    with torch.no_grad():
+        for p in own.parameters():
+            p.add_(0.5)
+    report = warm_start(run_cfg, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
+    assert len(measured) == 2  # not checked again
+    assert report["steps"] == 6 and report["handed_over_step"] == 4 and [c["step"] for c in report["checks"]] == [4, 6]
+    for name, value in trained_state(own).items():
+        assert torch.equal(value, handed[name]), name
