@@ -461,8 +461,11 @@ class DemonstrationWarmStart:
         checks: list[dict[str, Any]] = list(record.get("checks", []))
         # the best-checked weights so far: handed to GRPO if no check reaches the target (the last check of
         # a run at its ceiling can catch a low: one seed's bare style swung 0.0-0.56 between checks)
-        kept = (resumed or {}).get("weights", {})
-        best: dict[str, Any] = {"step": record.get("best_step"), "state": kept.get("best")}
+        kept = (resumed or {}).get("weights", {}).get("best")
+        best: dict[str, Any] = {  # its check (one of ``checks``) and its weights, both or neither
+            "check": next((c for c in checks if kept is not None and c["step"] == record.get("best_step")), None),
+        }
+        best["state"] = kept if best["check"] is not None else None
         earlier = float(record.get("seconds", 0.0))
         bar = phase_bar("warm start", self.steps, unit="steps", progress=progress, initial=sft_run.step,
                         upper_bound=target is not None)  # fmt: skip
@@ -485,14 +488,13 @@ class DemonstrationWarmStart:
                 fresh_weights(trainer.model, seed=cfg.seed * 7919 + 1)
                 sft_run.restart(self.steps - step)
                 record["restarted"] = True
-                best.update(step=None, state=None)  # the stalled weights are never handed over
+                best.update(check=None, state=None)  # the stalled weights are never handed over
                 logger.warning("warm start step %d: no sign of the copying skill and the loss still on its "
                                "plateau: starting again from fresh weights (at most %d more steps)", step,
                                self.steps - step)  # fmt: skip
                 return False
-            earlier_best = next((c for c in checks if c["step"] == best["step"]), None)
-            if best["state"] is None or earlier_best is None or self.score(record) >= self.score(earlier_best):
-                best.update(step=step, state=trained_state(trainer.model, device="cpu"))
+            if best["check"] is None or self.score(record) >= self.score(best["check"]):
+                best.update(check=record, state=trained_state(trainer.model, device="cpu"))
             return (
                 target is not None
                 and self.passed(record["greedy"], record["rewarded"], target)
@@ -500,7 +502,8 @@ class DemonstrationWarmStart:
             )
 
         def progress_record() -> dict[str, Any]:
-            return {"checks": checks, "best_step": best["step"], "seconds": earlier + time.monotonic() - started}
+            best_step = best["check"]["step"] if best["check"] is not None else None
+            return {"checks": checks, "best_step": best_step, "seconds": earlier + time.monotonic() - started}
 
         def save(_step: int, stop: bool) -> None:
             if store is not None:
@@ -525,8 +528,8 @@ class DemonstrationWarmStart:
                 and self.imitates(last["greedy_rewarded"])
             )
             handed = last
-            if not reached and best["state"] is not None and best["step"] != last["step"]:
-                handed = next(c for c in checks if c["step"] == best["step"])
+            if not reached and best["check"] is not None and best["check"] is not last:
+                handed = best["check"]
                 load_trained_state(trainer.model, best["state"], directory or Path("."))
                 logger.info("warm start: no check reached the target; GRPO starts from the best-checked weights, "
                             "step %d's (%.2f reproduce the demonstrations greedily in both styles, %.2f of samples "

@@ -636,28 +636,35 @@ def test_fresh_weights_come_only_with_steps_left_to_learn_and_never_at_the_last_
     assert not any(c.get("restarted") for c in report["checks"])  # never 5 steps left at a check, nor at the last
 
 
-def test_ctrl_c_while_the_check_tasks_are_played_resumes_without_training_on(tiny, tmp_path, monkeypatch) -> None:
-    """The check at step 2 ended the warm start and was saved; Ctrl-C came while the check tasks were played.
-    The rerun must not train past the step that ended it (an uninterrupted run stopped there)."""
-    import copy
-
+def _ctrl_c_while_playing(monkeypatch, trainer, run) -> None:
+    """``run()`` interrupted (Ctrl-C) when the check tasks are played; after it the scripted rollouts are back
+    and any further warm-start training step fails the test."""
     from agentboost.train.sft import SFTRun
 
-    cfg, rows, model, template = tiny
-    trainer = _trainer((cfg, rows, copy.deepcopy(model), template), tmp_path)
-    _scripted_measure(monkeypatch, [_check(1.0, 0.25)])
-    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
     scripted = trainer.rollout
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(trainer, "rollout", ctrl_c)
-    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 2, "sft_batch": 4})
     with pytest.raises(KeyboardInterrupt):
-        warm_start(run_cfg, trainer, rows, steps=20, progress=False, directory=tmp_path / "ws")
+        run()
     monkeypatch.setattr(trainer, "rollout", scripted)
     monkeypatch.setattr(SFTRun, "train_step", lambda self: pytest.fail("trained past the check that ended it"))
+
+
+def test_ctrl_c_while_the_check_tasks_are_played_resumes_without_training_on(tiny, tmp_path, monkeypatch) -> None:
+    """The check at step 2 ended the warm start and was saved; Ctrl-C came while the check tasks were played.
+    The rerun must not train past the step that ended it (an uninterrupted run stopped there)."""
+    import copy
+
+    cfg, rows, model, template = tiny
+    trainer = _trainer((cfg, rows, copy.deepcopy(model), template), tmp_path)
+    _scripted_measure(monkeypatch, [_check(1.0, 0.25)])
+    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 2, "sft_batch": 4})
+    _ctrl_c_while_playing(monkeypatch, trainer, lambda: warm_start(run_cfg, trainer, rows, steps=20, progress=False,
+                                                                   directory=tmp_path / "ws"))  # fmt: skip
     report = warm_start(run_cfg, trainer, rows, steps=20, progress=False, directory=tmp_path / "ws")
     assert report["steps"] == 2 and report["reached"] and [c["step"] for c in report["checks"]] == [2]
     assert report["rollout_check"]["greedy"] == 1.0
@@ -797,7 +804,6 @@ def test_ctrl_c_while_the_check_tasks_are_played_at_the_ceiling_resumes_without_
     training or checking again, and hands over the same best-checked weights."""
     import copy
 
-    from agentboost.train.sft import SFTRun
     from agentboost.train.warm_start import trained_state
 
     cfg, rows, model, template = tiny
@@ -805,19 +811,11 @@ def test_ctrl_c_while_the_check_tasks_are_played_at_the_ceiling_resumes_without_
     trainer = _trainer((cfg, rows, own, template), tmp_path)
     measured = _scripted_measure(monkeypatch, [_check(0.5, 0.08), _check(0.2, 0.01)])  # step 4 best, 6 lower
     _scripted_rollouts(monkeypatch, trainer, reproduced=0.5, rewarded=0.1)
-    scripted = trainer.rollout
-
-    def ctrl_c(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(trainer, "rollout", ctrl_c)
     run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 4, "sft_batch": 4})
-    with pytest.raises(KeyboardInterrupt):
-        warm_start(run_cfg, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
+    _ctrl_c_while_playing(monkeypatch, trainer, lambda: warm_start(run_cfg, trainer, rows, steps=6, progress=False,
+                                                                   directory=tmp_path / "ws"))  # fmt: skip
     handed = trained_state(own)
     assert len(measured) == 2
-    monkeypatch.setattr(trainer, "rollout", scripted)
-    monkeypatch.setattr(SFTRun, "train_step", lambda self: pytest.fail("trained past the ceiling's check"))
     with torch.no_grad():
         for p in own.parameters():
             p.add_(0.5)
