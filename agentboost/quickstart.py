@@ -132,13 +132,13 @@ class QuickstartConfig:
     answered from memory, only by copying the expression into the call and the tool's number into the
     answer, the skill the task's own expressions need too. With demonstrations of the task's own ~180
     training expressions, some seeds memorised them and copied none of the new ones for 1500 steps."""
-    demo_max_ops: int | None = field(default=None, metadata={"default_text": "max(2, max_ops)"})
-    """Most operators per demonstrated expression (1 to this many, equally likely); none: two, or the tasks'
-    max_ops if more. With one, a call's operator is one copied token of about six, and a model can fit the
-    demonstrations closely without copying it: seed 102 copied every operand from step 1100 on but wrote "*"
-    for most "+" and "-" to the 2400-step ceiling, and seed 107 never copied a bare answer's first digit
-    (+0.34 and +0.14 after GRPO, the two of 21 seeds below +0.4). With two, a call holds more to copy and
-    fitting the demonstrations needs copying all of it (README, "Over seeds")."""
+    demo_max_ops: int | None = field(default=None, metadata={"default_text": "max_ops"})
+    """Most operators per demonstrated expression (1 to this many, equally likely; none: the tasks'
+    max_ops). With one, a call's operator is one copied token of about six, and a model can fit the
+    demonstrations without copying it: seed 102 copied every operand from step 1100 on but wrote "*" for
+    most "+" and "-" to the 2400-step ceiling. Two rescued 102 and 107 (the two of 21 seeds below +0.4
+    with one) but left seed 113 writing "+" for every operator, and took most seeds longer (README,
+    "Over seeds")."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = field(default=None, metadata={"default_text": "2400 (built-in model), 0 with --model"})
@@ -223,7 +223,7 @@ class QuickstartConfig:
                 f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
             )
         if self.demo_max_ops is None:  # resolved here, so a run directory records what it was run with
-            self.demo_max_ops = max(2, self.max_ops)
+            self.demo_max_ops = self.max_ops
         elif self.demo_max_ops < 1:
             problems.append(f"demo_max_ops must be >= 1 or none, got {self.demo_max_ops}")
         space = expression_space(self.demo_ops, self.demo_max_value) if self.demo_max_value >= 1 else 0
@@ -242,7 +242,7 @@ class QuickstartConfig:
     @property
     def demo_ops(self) -> int:
         """Most operators per demonstrated expression (``demo_max_ops``, resolved when the config is made)."""
-        return self.demo_max_ops if self.demo_max_ops is not None else max(2, self.max_ops)
+        return self.demo_max_ops if self.demo_max_ops is not None else self.max_ops
 
 
 def verbose_answer(answer: str) -> str:

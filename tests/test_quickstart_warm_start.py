@@ -132,8 +132,11 @@ def test_distinct_tasks_draw_every_operand_length_alike_and_refuse_a_space_too_s
     )
     with pytest.raises(ValueError, match="different expressions"):
         make_distinct_tasks(200, seed=0, max_ops=1, max_value=9)
-    with pytest.raises(ValueError, match="demo_max_value"):
+    with pytest.raises(ValueError, match="demo_max_value"):  # 243 one-operator expressions
         QuickstartConfig(demos=200, demo_max_value=9)
+    with pytest.raises(ValueError, match="demo_max_value"):  # 6804 with up to two
+        QuickstartConfig(demos=3500, demo_max_value=9, demo_max_ops=2)
+    QuickstartConfig(demos=3400, demo_max_value=9, demo_max_ops=2)
 
 
 def _trainer(tiny, tmp_path, *, max_tokens_per_call: int = 24):
@@ -787,32 +790,33 @@ def test_a_warm_start_that_reaches_its_target_hands_over_the_weights_that_reache
     assert report["steps"] == 4 and report["handed_over_step"] == 4 and report["reached"]
 
 
-def test_demonstrations_hold_up_to_two_operators_unless_told_otherwise() -> None:
+def test_demonstrations_take_the_tasks_operator_count_unless_told_otherwise() -> None:
     """--demo-max-ops: the demonstrated expressions may hold more operators than the tasks (a call's
-    operator is then more of what is copied); by default two, or the tasks' max_ops if more. The default is
-    resolved in the config, so a run directory records the count it was run with."""
-    one = QuickstartConfig(demos=64, seed=3, demo_max_ops=1)
-    two = QuickstartConfig(demos=64, seed=3)
+    operator is then more of what is copied); by default the tasks' max_ops. The default is resolved in
+    the config, so a run directory records the count it was run with."""
+    one = QuickstartConfig(demos=64, seed=3)
+    two = QuickstartConfig(demos=64, seed=3, demo_max_ops=2)
     count = lambda rows: {sum(e in "+-*" for e in r["expression"].lstrip("-")) for r in rows}  # noqa: E731
     assert count(demonstration_rows(one, [])) == {1} and count(demonstration_rows(two, [])) == {1, 2}
-    assert two.demo_max_ops == two.demo_ops == 2 and asdict(two)["demo_max_ops"] == 2
+    assert one.demo_max_ops == one.demo_ops == 1 and asdict(one)["demo_max_ops"] == 1
     assert QuickstartConfig(max_ops=3).demo_ops == 3
     with pytest.raises(ValueError, match="demo_max_ops must be >= 1"):
         QuickstartConfig(demo_max_ops=0)
 
 
-def test_a_run_recorded_before_the_two_operator_default_resumes_only_with_one(tmp_path: Path) -> None:
-    """A run directory whose summary says demo_max_ops None (or nothing) was demonstrated the tasks' max_ops:
-    resuming it under today's default (two) would train on other demonstrations than its checkpoint saw."""
+def test_a_run_recorded_with_no_operator_count_resumes_as_the_tasks_count(tmp_path: Path) -> None:
+    """A run directory whose summary says demo_max_ops None (or nothing: made before the option) was
+    demonstrated the tasks' max_ops: it resumes with that count, given or not, and with no other."""
     run_dir = tmp_path / "run"
     (run_dir / "warm_start").mkdir(parents=True)
     (run_dir / "warm_start" / "state.json").write_text("{}")
     for recorded in ({"demo_max_ops": None}, {}):
         saved = {k: v for k, v in asdict(QuickstartConfig()).items() if k != "demo_max_ops"} | recorded
         (run_dir / "summary.json").write_text(json.dumps({"config": saved}))
-        with pytest.raises(ValueError, match=r"--demo-max-ops 1 \(saved\) vs 2 \(now\)"):
-            check_resumable(QuickstartConfig(), run_dir)
+        check_resumable(QuickstartConfig(), run_dir)
         check_resumable(QuickstartConfig(demo_max_ops=1), run_dir)
+        with pytest.raises(ValueError, match=r"--demo-max-ops 1 \(saved\) vs 2 \(now\)"):
+            check_resumable(QuickstartConfig(demo_max_ops=2), run_dir)
 
 
 def test_ctrl_c_while_the_check_tasks_are_played_at_the_ceiling_resumes_without_training_on(
