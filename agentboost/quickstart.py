@@ -137,8 +137,8 @@ class QuickstartConfig:
     max_ops). With one, a call's operator is one copied token of about six, and a model can fit the
     demonstrations without copying it: seed 102 copied every operand from step 1100 on but wrote "*" for
     most "+" and "-" to the 2400-step ceiling. Two rescued 102 and 107 (the two of 21 seeds below +0.4
-    with one), but left seed 113 writing "+" for every operator and sent three seeds that passed
-    early with one to the 2400-step ceiling (README, "Over seeds")."""
+    with one), but over 17 seeds failed two others (113 wrote "+" for every operator; 117) and
+    sent four to the 2400-step ceiling (README, "Over seeds")."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = field(default=None, metadata={"default_text": "2400 (built-in model), 0 with --model"})
