@@ -222,9 +222,7 @@ class QuickstartConfig:
                 f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
                 f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
             )
-        if self.demo_max_ops is None:  # resolved here, so a run directory records what it was run with
-            self.demo_max_ops = self.max_ops
-        elif self.demo_max_ops < 1:
+        if self.demo_max_ops is not None and self.demo_max_ops < 1:
             problems.append(f"demo_max_ops must be >= 1 or none, got {self.demo_max_ops}")
         space = expression_space(self.demo_ops, self.demo_max_value) if self.demo_max_value >= 1 else 0
         if self.demo_ops >= 1 and self.demos > space // 2:
@@ -241,7 +239,7 @@ class QuickstartConfig:
 
     @property
     def demo_ops(self) -> int:
-        """Most operators per demonstrated expression (``demo_max_ops``, resolved when the config is made)."""
+        """Most operators per demonstrated expression (``demo_max_ops``, else the tasks' ``max_ops``)."""
         return self.demo_max_ops if self.demo_max_ops is not None else self.max_ops
 
 
@@ -723,9 +721,9 @@ def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
     if saved is None:
         logger.warning("%s has a checkpoint but no recorded settings (summary.json): resuming it unchecked", run_dir)
         return
-    if saved.get("demo_max_ops") is None:  # recorded before it was resolved (or existed): the tasks' max_ops
-        saved = {**saved, "demo_max_ops": saved.get("max_ops")}
-    now = asdict(cfg)
+    # demo_max_ops compared as the count demonstrated: none (or not recorded) is the run's max_ops
+    saved = {**saved, "demo_max_ops": saved.get("demo_max_ops") or saved.get("max_ops")}
+    now = {**asdict(cfg), "demo_max_ops": cfg.demo_ops}
     compared = [
         name for name in _DEFINES_THE_RUN
         if not (name in _BUILT_IN_MODEL and now["model"] is not None and saved.get("model") is not None)
