@@ -27,7 +27,9 @@ both styles, and one forward pass reads off exactly what greedy decoding and sam
 (:mod:`agentboost.train.forced`); the warm start ends once ``warm_start_target`` (0.8) of the check
 tasks are reproduced greedily in *both* styles (whichever style a greedy answer picks) and a sample
 earns reward with probability at least half the rewarded style's demonstrated share (``sft_steps`` is
-the ceiling: when the copying skill forms differs from seed to seed). At the end the check tasks are also
+the ceiling: when the copying skill forms differs from seed to seed). A warm start still short of its target
+``warm_start_focus_at`` steps in weighs its loss by what the check gets wrong (a seed can copy all but one
+token, the operator or a bare answer's first digit, for a thousand steps). At the end the check tasks are also
 played for real, greedily and sampled. What the check measured is in summary.json (``warm_start``).
 Held-out tasks are evaluated greedily before GRPO, every
 ``eval_every`` steps and after.
@@ -158,6 +160,16 @@ class QuickstartConfig:
     of the ceiling ahead of it (0: never). A model stuck on that plateau this long rarely leaves it (one
     seed of eleven stayed at loss 0.57 for 1500 steps, copying the operator but no digit); the ones that
     learn have left it by step 900."""
+    warm_start_focus_at: int = 1500
+    """A warm start short of its target this many steps after its weights were fresh (the start or the
+    restart) focuses its loss on the mistakes the check sees from then on: after every check, each class of
+    model token (the choice of an answer's style, or a token id) weighs 1 + warm_start_focus x the share of
+    the check's tokens of that class greedy decoding gets wrong, or what it weighed before if more (0:
+    never). A seed can copy everything but one token for a thousand steps (102: the operator; 107: a bare
+    answer's first digit), a token of about thirty in the loss; the check names it. Weights only grow: weighed
+    by the last check alone, 102 swapped one wrong default operator for another from check to check."""
+    warm_start_focus: float = 10.0
+    """How much more a class of model tokens that the check gets wrong weighs in a focused warm start."""
     warm_start_check_every: int = 50
     """Warm-start steps between checks (and between saves of the warm start)."""
     warm_start_check_tasks: int = 32
@@ -202,7 +214,8 @@ class QuickstartConfig:
                      "warm_start_check_tasks", "sft_batch", "prompts_per_step", "group_size"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("lora_rank", "grpo_steps", "eval_every", "sft_weight_decay", "kl_coef", "warm_start_restart_at"):
+        for name in ("lora_rank", "grpo_steps", "eval_every", "sft_weight_decay", "kl_coef", "warm_start_restart_at",
+                     "warm_start_focus_at", "warm_start_focus"):  # fmt: skip
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.sft_steps is not None and self.sft_steps < 0:
@@ -343,6 +356,12 @@ class DemonstrationWarmStart:
     ceiling can catch a low. A warning is given when the check of the weights GRPO gets is below
     ``warm_start_low`` (the policy GRPO gets is weak), not merely because the ceiling came first.
 
+    Two remedies for a run that does not get there: one with no sign of the skill and its loss on its plateau
+    at ``warm_start_restart_at`` starts again from fresh weights (:meth:`stalled`); one still short of its
+    target ``warm_start_focus_at`` steps after its weights were fresh weighs every class of model token by how
+    often the check gets it wrong (:meth:`focus`, ``SFTRun.focus``), the check's misses naming the token it
+    does not copy.
+
     A warm start (of one of the :mod:`agentboost.train.warm_start` kinds) saves itself at every check
     in its directory and resumes from there; :meth:`run` returns what was measured (summary.json's
     ``warm_start``)."""
@@ -396,6 +415,11 @@ class DemonstrationWarmStart:
         recent = losses[step - 100 : step]
         return sum(recent) / len(recent) >= 0.75 * plateau
 
+    def focus(self, misses: dict[str, list[int]]) -> dict[int, float]:
+        """Loss weight per class of model token from a check's ``misses`` (see
+        :attr:`QuickstartConfig.warm_start_focus_at`)."""
+        return {int(c): 1.0 + self.cfg.warm_start_focus * wrong / seen for c, (seen, wrong) in misses.items()}
+
     def measure(self, trainer: GRPOTrainer, bare: list[Episode], sentence: list[Episode]) -> dict[str, Any]:
         """The check at one step, read off the check tasks' demonstrations in both styles with the
         demonstrations fed in (:func:`agentboost.train.forced.forced`): exact where a rollout check samples,
@@ -403,18 +427,22 @@ class DemonstrationWarmStart:
         there in the sentence only, 0.81 of its greedy check, and GRPO, which rewards the bare number,
         stayed at 0.34). A style's opening is set aside when the other style is checked, so a bare answer's
         first digit is checked against every other token but "The". ``rewarded`` is the probability that a
-        sample is the bare demonstration token for token: a lower bound of the share of samples rewarded."""
-        from .train.forced import choice_token, forced
+        sample is the bare demonstration token for token: a lower bound of the share of samples rewarded.
+        ``misses``: per class of model token (:func:`agentboost.train.forced.response_classes`; "-1" the
+        choice) that greedy decoding gets wrong somewhere, ``[checked, wrong]``."""
+        from .train.forced import Tally, choice_token, forced
 
         temperature = trainer.config.sampling.temperature
         opens_bare = [choice_token(e) for e in bare]
         opens_sentence = [choice_token(e) for e in sentence]
+        tally: Tally = {}
         b = forced(trainer.model, bare, pad_token_id=trainer.pad_token_id, temperature=temperature,
-                   rivals=opens_sentence)  # fmt: skip
+                   rivals=opens_sentence, tally=tally)  # fmt: skip
         s = forced(trainer.model, sentence, pad_token_id=trainer.pad_token_id, temperature=temperature,
-                   rivals=opens_bare)  # fmt: skip
+                   rivals=opens_bare, tally=tally)  # fmt: skip
         n = len(b)
         return {
+            "misses": {str(c): counts for c, counts in sorted(tally.items()) if counts[1]},
             "greedy": sum(x.greedy and y.greedy for x, y in zip(b, s, strict=True)) / n,
             "greedy_bare": sum(x.greedy for x in b) / n,
             "greedy_sentence": sum(y.greedy for y in s) / n,
@@ -487,6 +515,7 @@ class DemonstrationWarmStart:
             if not final and room and self.stalled(step, sign, sft_run.losses, restarted=restarted):
                 fresh_weights(trainer.model, seed=cfg.seed * 7919 + 1)
                 sft_run.restart(self.steps - step)
+                sft_run.focus = {}  # what the stalled weights got wrong says nothing about fresh ones
                 record["restarted"] = True
                 best.update(check=None, state=None)  # the stalled weights are never handed over
                 logger.warning("warm start step %d: no sign of the copying skill and the loss still on its "
@@ -495,11 +524,17 @@ class DemonstrationWarmStart:
                 return False
             if best["check"] is None or self.score(record) >= self.score(best["check"]):
                 best.update(check=record, state=trained_state(trainer.model, device="cpu"))
-            return (
+            passed = (
                 target is not None
                 and self.passed(record["greedy"], record["rewarded"], target)
                 and self.imitates(record["greedy_rewarded"])
             )
+            fresh = max((c["step"] for c in checks if c.get("restarted")), default=0)
+            if not final and not passed and cfg.warm_start_focus_at and step - fresh >= cfg.warm_start_focus_at:
+                named = self.focus(record.get("misses", {}))
+                sft_run.focus = {c: max(w, sft_run.focus.get(c, 1.0)) for c, w in {**sft_run.focus, **named}.items()}
+                record["focus"] = {str(c): round(w, 3) for c, w in sorted(sft_run.focus.items())}
+            return passed
 
         def progress_record() -> dict[str, Any]:
             best_step = best["check"]["step"] if best["check"] is not None else None

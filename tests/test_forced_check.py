@@ -29,7 +29,7 @@ from agentboost.quickstart import (  # noqa: E402
     warm_start_check_rows,
 )
 from agentboost.rewards.answer import final_answer_text  # noqa: E402
-from agentboost.train.forced import NOTHING, choice_token, forced  # noqa: E402
+from agentboost.train.forced import CHOICE, NOTHING, choice_token, forced, response_classes  # noqa: E402
 from agentboost.train.logprobs import response_logprobs  # noqa: E402
 from agentboost.train.sft import SFTRun, demonstration_episodes  # noqa: E402
 
@@ -183,3 +183,82 @@ def test_a_skill_in_one_style_only_does_not_count(sentence_only, tmp_path) -> No
     assert last["greedy_sentence"] == 1.0 and last["greedy_bare"] == 0.0
     assert report["check"] == 0.0 and not report["reached"] and report["steps"] == 4
     assert report["rollout_check"]["greedy"] == 1.0  # what the rollout check saw
+
+
+def test_the_tally_names_the_tokens_greedy_decoding_gets_wrong(sentence_only) -> None:
+    """Issue 23: seeds 102 and 107 copied everything but one token (the first; a bare answer's first
+    digit) for a thousand warm-start steps. The check counts, per class of model token, what greedy decoding
+    gets wrong, so the warm start can weigh that class (QuickstartConfig.warm_start_focus_at)."""
+    _, _, _, model, template, bare, sentence = sentence_only
+    vocab = int(model.config.vocab_size)
+    [episode], [other] = bare[:1], sentence[:1]
+    digit, the = choice_token(episode), choice_token(other)
+    ids = [*episode.prompt_ids, *episode.response_ids]
+    mask = [0] * len(episode.prompt_ids) + list(episode.response_mask)
+    model_at = [j for j in range(len(mask)) if mask[j]]
+    choice_at = [j for j in range(1, len(mask)) if mask[j] and not mask[j - 1]][-1]
+    inner = model_at[3]  # a model token of the tool call
+    wrong = next(t for t in range(vocab) if t not in (ids[inner], digit, the))
+
+    def tally_of(scores_at):
+        def override(_ids, j):
+            return scores_at.get(j + 1)
+
+        tally = {}
+        result = forced(_Scripted(vocab, override), [episode], pad_token_id=PAD, rivals=[the], tally=tally)[0]
+        return result, tally
+
+    result, tally = tally_of({})
+    assert result.greedy and sum(seen for seen, _ in tally.values()) == len(model_at)
+    assert not any(missed for _, missed in tally.values()) and tally[CHOICE] == [1, 0]
+    result, tally = tally_of({inner: {wrong: 21.0}, choice_at: {the: 21.0}})
+    assert not result.greedy and tally[ids[inner]][1] == 1 and tally[CHOICE] == [1, 0]  # the rival set aside
+    assert sum(missed for _, missed in tally.values()) == 1
+    result, tally = tally_of({choice_at: {wrong: 21.0}})
+    assert tally[CHOICE] == [1, 1] and sum(missed for _, missed in tally.values()) == 1
+    # the classes training weighs are laid out as the batch's responses are
+    batch = episodes_to_batch(bare + sentence, pad_token_id=PAD)
+    rows = [row for e in bare + sentence for row in response_classes(e, PAD)]
+    assert len(rows) == len(batch)
+    for i, classes in enumerate(rows):
+        has_loss = [c is not None for c in classes]
+        assert has_loss == [bool(m) for m in batch.response_mask[i, : len(classes)].tolist()]
+        assert classes.count(CHOICE) == 1
+        opening = int(batch.responses[i, classes.index(CHOICE)])
+        assert opening == choice_token((bare + sentence)[i])
+        assert all(
+            c == int(t)
+            for c, t in zip(classes, batch.responses[i, : len(classes)].tolist(), strict=True)
+            if c not in (None, CHOICE)
+        )
+
+
+def test_a_focused_loss_weighs_the_classes_it_names(sentence_only) -> None:
+    """SFTRun.focus: the loss is the weighted mean over model tokens; the weights survive a save."""
+    _, _, _, model, _, bare, _ = sentence_only
+    import copy
+
+    episodes = bare[:2]
+    run = SFTRun(copy.deepcopy(model), episodes, pad_token_id=PAD, steps=1, lr=1e-12, batch_size=2)
+    batch = episodes_to_batch(run.usable, pad_token_id=PAD)  # batch_size = all: drawn in some order
+    first = int(batch.responses[0, [c is not None for c in response_classes(run.usable[0], PAD)[0]].index(True)])
+    run.focus = {CHOICE: 5.0, first: 3.0}
+    weights = run._focus_weights(run.usable, batch.response_mask.shape)
+    classes = [row for e in run.usable for row in response_classes(e, PAD)]
+    for i, row in enumerate(classes):
+        for j, c in enumerate(row):
+            assert float(weights[i, j]) == {CHOICE: 5.0, first: 3.0}.get(c, 1.0)
+    with torch.no_grad():
+        lp = response_logprobs(run.model, batch)
+    mask = batch.response_mask.float()
+    state = copy.deepcopy(run.state_dict())
+    loss = run.train_step()  # both episodes, in some order: a mean does not mind
+    expected = float(-(lp * mask * weights).sum() / (mask * weights).sum())
+    plain = float(-(lp * mask).sum() / mask.sum())
+    assert loss == pytest.approx(expected, rel=1e-4) and abs(expected - plain) > 1e-3
+    restored = SFTRun(copy.deepcopy(model), episodes, pad_token_id=PAD, steps=1, lr=1e-12, batch_size=2)
+    restored.load_state_dict(state)
+    assert restored.focus == {CHOICE: 5.0, first: 3.0}
+    del state["focus"]  # saved before focus existed: none
+    restored.load_state_dict(state)
+    assert restored.focus == {}

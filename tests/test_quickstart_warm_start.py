@@ -463,7 +463,11 @@ def test_an_interrupted_warm_start_resumes_from_its_last_save(tiny, tmp_path, mo
     resumed = warm_start(run_cfg, _trainer(tiny, tmp_path / "b"), rows, steps=6, progress=False, directory=directory)
     assert [c["step"] for c in resumed["checks"]] == [2, 4, 6]
     for mine, theirs in zip(resumed["checks"], whole["checks"], strict=True):  # measured on weights equal to 1e-6
-        assert mine == pytest.approx(theirs, abs=1e-4)
+        assert mine["misses"] == theirs["misses"]  # counts of argmax misses: no rounding to allow
+        drop = ("misses",)
+        assert {k: v for k, v in mine.items() if k not in drop} == pytest.approx(
+            {k: v for k, v in theirs.items() if k not in drop}, abs=1e-4
+        )
     assert resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-5)
     for name, value in model.state_dict().items():
         assert torch.allclose(value, trained[name], atol=1e-6), name
@@ -846,3 +850,52 @@ def test_ctrl_c_while_the_check_tasks_are_played_at_the_ceiling_resumes_without_
     assert report["steps"] == 6 and report["handed_over_step"] == 4 and [c["step"] for c in report["checks"]] == [4, 6]
     for name, value in trained_state(own).items():
         assert torch.equal(value, handed[name]), name
+
+
+def test_a_warm_start_short_of_its_target_focuses_on_what_the_check_gets_wrong(tiny, tmp_path) -> None:
+    """Issue 23: seeds 102 and 107 copied everything but one token for a thousand steps, to the ceiling
+    (+0.34 and +0.14). From warm_start_focus_at steps after fresh weights, a warm start short of its target
+    weighs each class of model token by what the check gets wrong; until then it is the same run, step for
+    step (the seeds that pass before are untouched), and a rerun after Ctrl-C keeps the weights."""
+    import copy
+
+    import agentboost.quickstart as quickstart
+    from agentboost.train.forced import CHOICE
+
+    cfg, rows, model, template = tiny
+    base = {**cfg.__dict__, "warm_start_target": 1.01, "warm_start_check_every": 2, "sft_batch": 4,
+            "warm_start_restart_at": 0}  # fmt: skip
+    plain = warm_start(QuickstartConfig(**{**base, "warm_start_focus_at": 0}),
+                       _trainer((cfg, rows, copy.deepcopy(model), template), tmp_path / "p"), rows, steps=8,
+                       progress=False, directory=tmp_path / "p" / "ws")  # fmt: skip
+    focused_cfg = QuickstartConfig(**{**base, "warm_start_focus_at": 4})
+    saves = {"n": 0}
+    original_save = quickstart.SFTCheckpoint.save
+
+    def interrupted(self, record, *, done, weights=None):
+        original_save(self, record, done=done, weights=weights)
+        saves["n"] += 1
+        if saves["n"] == 2:  # saved at step 4, focused
+            raise KeyboardInterrupt
+
+    trainer = _trainer((cfg, rows, copy.deepcopy(model), template), tmp_path / "f")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            warm_start(focused_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "f" / "ws")
+    focused = warm_start(focused_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "f" / "ws")
+
+    assert not any("focus" in c for c in plain["checks"])
+    assert [("focus" in c) for c in focused["checks"]] == [False, True, True, False]  # 2, 4, 6; 8: the end
+    at_4 = focused["checks"][1]
+    assert at_4["misses"] and str(CHOICE) in at_4["misses"]  # a tiny model gets its answers' openings wrong
+    for c, (seen, wrong) in at_4["misses"].items():
+        assert at_4["focus"][c] == pytest.approx(1.0 + focused_cfg.warm_start_focus * wrong / seen, abs=1e-3)
+    at_6 = focused["checks"][2]
+    for c, (seen, wrong) in at_6["misses"].items():  # the larger of this check's weight and the one before
+        now = 1.0 + focused_cfg.warm_start_focus * wrong / seen
+        assert at_6["focus"][c] == pytest.approx(max(now, at_4["focus"].get(c, 1.0)), abs=1e-3)
+    assert all(at_6["focus"][c] >= w for c, w in at_4["focus"].items())  # weights only grow
+    assert [c["step"] for c in plain["checks"]] == [c["step"] for c in focused["checks"]]
+    assert plain["checks"][:2] == [{k: v for k, v in c.items() if k != "focus"} for c in focused["checks"][:2]]
+    assert plain["checks"][2] != {k: v for k, v in focused["checks"][2].items() if k != "focus"}

@@ -36,12 +36,20 @@ class Forced:
 NOTHING = Forced(greedy=False, picked=False, logprob=float("-inf"), choice=float("-inf"))
 """A demonstration with no model token to check (masked, or failed before its first call) reproduces nothing."""
 
+CHOICE = -1
+"""The class of a choice position in a :data:`Tally` and in :func:`response_classes` (other model tokens: their
+own token id)."""
+
+Tally = dict[int, list[int]]
+"""Per class of model token: ``[seen, wrong]``, where wrong is what :attr:`Forced.greedy` counts as a miss."""
+
 
 @dataclass
 class _Row:
     episode: int
     ids: list[int]
     mask: list[int]
+    response_at: int  # where the response starts (after the prompt)
     choice_at: int | None = None  # position of the episode's choice, in the row that holds it
 
 
@@ -49,13 +57,23 @@ def _rows(index: int, episode: Episode, pad_token_id: int) -> list[_Row]:
     rows = []
     for trajectory in episode_rows(episode):
         prompt, response, mask, _ = row_tokens(trajectory, pad_token_id)
-        rows.append(_Row(index, [*prompt, *response], [0] * len(prompt) + list(mask)))
+        rows.append(_Row(index, [*prompt, *response], [0] * len(prompt) + list(mask), len(prompt)))
     for row in reversed(rows):  # the last turn's first model token: in the last row that has model tokens
         starts = [j for j in range(1, len(row.mask)) if row.mask[j] and not row.mask[j - 1]]
         if starts:
             row.choice_at = starts[-1]
             break
     return rows
+
+
+def response_classes(episode: Episode, pad_token_id: int) -> list[list[int | None]]:
+    """Per row of ``episode`` (as :func:`agentboost.batch.episodes_to_batch` lays them out), per response
+    position: the class a :data:`Tally` counts it in (:data:`CHOICE` or the token id), None where no loss is."""
+    return [
+        [(CHOICE if j == row.choice_at else row.ids[j]) if row.mask[j] else None
+         for j in range(row.response_at, len(row.ids))]
+        for row in _rows(0, episode, pad_token_id)
+    ]  # fmt: skip
 
 
 def choice_token(episode: Episode) -> int | None:
@@ -73,9 +91,11 @@ def forced(
     pad_token_id: int,
     temperature: float = 1.0,
     rivals: Sequence[int | None] | None = None,
+    tally: Tally | None = None,
 ) -> list[Forced]:
     """:class:`Forced` for every episode; ``rivals[i]`` is the token set aside at episode i's choice (None:
-    none). No gradients; the model is in eval mode for the pass and put back as it was."""
+    none). ``tally``, when given, counts every model token checked and every miss, by class (:data:`Tally`).
+    No gradients; the model is in eval mode for the pass and put back as it was."""
     import torch
 
     if not temperature > 0:
@@ -105,7 +125,7 @@ def forced(
                     ):
                         count += 1
                     _score(model, rows[first : first + count], pad_token_id, temperature, rivals,
-                           greedy, picked, logprob, choice)  # fmt: skip
+                           greedy, picked, logprob, choice, tally)  # fmt: skip
                     first += count
         finally:
             if was_training:
@@ -126,6 +146,7 @@ def _score(  # noqa: PLR0917 (the caller's accumulators, filled in place)
     picked: list[bool],
     logprob: list[float],
     choice: list[float],
+    tally: Tally | None,
 ) -> None:
     import torch
 
@@ -151,7 +172,12 @@ def _score(  # noqa: PLR0917 (the caller's accumulators, filled in place)
             if j == row.choice_at:
                 choice[e] = float(token_lp[k, j - 1])
                 picked[e] = best == token
-                if not (best == token or (rival is not None and best == rival and second == token)):
-                    greedy[e] = False
-            elif best != token:
+                miss = not (best == token or (rival is not None and best == rival and second == token))
+            else:
+                miss = best != token
+            if miss:
                 greedy[e] = False
+            if tally is not None:
+                counts = tally.setdefault(CHOICE if j == row.choice_at else token, [0, 0])
+                counts[0] += 1
+                counts[1] += miss

@@ -111,6 +111,9 @@ class SFTRun:
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, factor)
         self.losses: list[float] = []
+        self.focus: dict[int, float] = {}
+        """Loss weight per class of model token (:func:`agentboost.train.forced.response_classes`); others 1."""
+        self._classes: dict[int, list[list[int | None]]] = {}
 
     @property
     def step(self) -> int:
@@ -138,6 +141,8 @@ class SFTRun:
         device = next(self.model.parameters()).device
         batch = episodes_to_batch(chosen, pad_token_id=self.pad_token_id)
         mask = batch.response_mask.to(device).float()
+        if self.focus:
+            mask = mask * self._focus_weights(chosen, mask.shape).to(device)
         self.model.train()
         logprobs = response_logprobs(self.model, batch)
         loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
@@ -148,6 +153,25 @@ class SFTRun:
         self.scheduler.step()
         self.losses.append(float(loss.detach()))
         return self.losses[-1]
+
+    def _focus_weights(self, chosen: list[Episode], shape: Any) -> Any:
+        """Per response position of the batch of ``chosen``: its class's :attr:`focus` weight, else 1."""
+        import torch
+
+        from .forced import response_classes
+
+        weights = torch.ones(shape)
+        row = 0
+        for episode in chosen:
+            classes = self._classes.get(id(episode))
+            if classes is None:
+                classes = self._classes[id(episode)] = response_classes(episode, self.pad_token_id)
+            for row_classes in classes:
+                for j, c in enumerate(row_classes):
+                    if c is not None and c in self.focus:
+                        weights[row, j] = self.focus[c]
+                row += 1
+        return weights
 
     def run(
         self,
@@ -189,6 +213,7 @@ class SFTRun:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "focus": sorted(self.focus.items()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -200,6 +225,7 @@ class SFTRun:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
+        self.focus = {int(c): float(w) for c, w in state.get("focus", [])}  # saved before focus existed: none
 
 
 def sft(
