@@ -59,7 +59,10 @@ def _assert_shared_equals_full(model, batch, k: int) -> None:
     assert k in calls, "the shared path was taken for the checked model"
     assert torch.allclose(shared_values, full_values, atol=1e-5)
     for name, grad in full_grads.items():
-        assert torch.allclose(shared_grads[name], grad, rtol=1e-4, atol=1e-6), name
+        # another summation order (the prefix's rows summed once): an error relative to the gradient's own
+        # scale, not per element (an embedding row's gradient sums many positions; one machine missed by 1e-6)
+        error = float((shared_grads[name] - grad).abs().max())
+        assert error <= 1e-4 * float(grad.abs().max()) + 1e-7, (name, error, float(grad.abs().max()))
 
 
 def test_shared_prefix_gives_the_full_forwards_logprobs_and_gradients(setup) -> None:
