@@ -166,8 +166,9 @@ class QuickstartConfig:
     model token (the choice of an answer's style, or a token id) weighs 1 + warm_start_focus x the share of
     the check's tokens of that class greedy decoding gets wrong, or what it weighed before if more (0:
     never). A seed can copy everything but one token for a thousand steps (102: the operator; 107: a bare
-    answer's first digit), a token of about thirty in the loss; the check names it. Weights only grow: weighed
-    by the last check alone, 102 swapped one wrong default operator for another from check to check."""
+    answer's first digit), a token of about thirty in the loss; the check names it. Weights only grow: 102's
+    default operator changed from check to check, and weighed by the last check alone the weight followed
+    it (102 passed 250 steps later)."""
     warm_start_focus: float = 10.0
     """How much more a class of model tokens that the check gets wrong weighs in a focused warm start."""
     warm_start_check_every: int = 50
