@@ -234,7 +234,8 @@ def test_the_tally_names_the_tokens_greedy_decoding_gets_wrong(sentence_only) ->
 
 
 def test_a_focused_loss_weighs_the_classes_it_names(sentence_only) -> None:
-    """SFTRun.focus: the loss is the weighted mean over model tokens; the weights survive a save."""
+    """SFTRun.focus: the step follows the weighted mean over model tokens, the recorded loss stays the plain
+    mean (comparable along the run: the restart's plateau test reads it); the weights survive a save."""
     _, _, _, model, _, bare, _ = sentence_only
     import copy
 
@@ -248,14 +249,25 @@ def test_a_focused_loss_weighs_the_classes_it_names(sentence_only) -> None:
     for i, row in enumerate(classes):
         for j, c in enumerate(row):
             assert float(weights[i, j]) == {CHOICE: 5.0, first: 3.0}.get(c, 1.0)
-    with torch.no_grad():
-        lp = response_logprobs(run.model, batch)
     mask = batch.response_mask.float()
+
+    def direction(loss_of):  # the unit gradient of a loss of the log-probs, on the weights before the step
+        own = copy.deepcopy(run.model)
+        own.train()
+        lp = response_logprobs(own, batch)
+        loss = loss_of(lp)
+        loss.backward()
+        flat = torch.cat([q.grad.flatten() for q in own.parameters() if q.grad is not None])
+        return float(loss), flat / flat.norm()
+
+    plain, plain_grad = direction(lambda lp: -(lp * mask).sum() / mask.sum())
+    weighted, weighted_grad = direction(lambda lp: -(lp * mask * weights).sum() / (mask * weights).sum())
     state = copy.deepcopy(run.state_dict())
     loss = run.train_step()  # both episodes, in some order: a mean does not mind
-    expected = float(-(lp * mask * weights).sum() / (mask * weights).sum())
-    plain = float(-(lp * mask).sum() / mask.sum())
-    assert loss == pytest.approx(expected, rel=1e-4) and abs(expected - plain) > 1e-3
+    taken = torch.cat([q.grad.flatten() for q in run.model.parameters() if q.grad is not None])
+    taken = taken / taken.norm()  # clipped or not: its direction
+    assert loss == pytest.approx(plain, rel=1e-4) and abs(weighted - plain) > 1e-3  # recorded: the plain mean
+    assert float(taken @ weighted_grad) > 0.9999 and float(plain_grad @ weighted_grad) < 0.999  # stepped: weighted
     restored = SFTRun(copy.deepcopy(model), episodes, pad_token_id=PAD, steps=1, lr=1e-12, batch_size=2)
     restored.load_state_dict(state)
     assert restored.focus == {CHOICE: 5.0, first: 3.0}

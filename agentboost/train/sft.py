@@ -133,7 +133,8 @@ class SFTRun:
         self.steps = start + steps
 
     def train_step(self) -> float:
-        """One optimiser step on a batch drawn as :func:`sft` says; returns its loss."""
+        """One optimiser step on a batch drawn as :func:`sft` says; returns its loss (the token mean; with
+        :attr:`focus`, the step follows the weighted mean)."""
         if self.weights is None:
             chosen = self.rng.sample(self.usable, min(self.batch_size, len(self.usable)))
         else:
@@ -141,17 +142,19 @@ class SFTRun:
         device = next(self.model.parameters()).device
         batch = episodes_to_batch(chosen, pad_token_id=self.pad_token_id)
         mask = batch.response_mask.to(device).float()
-        if self.focus:
-            mask = mask * self._focus_weights(chosen, mask.shape).to(device)
         self.model.train()
         logprobs = response_logprobs(self.model, batch)
         loss = -(logprobs * mask).sum() / mask.sum().clamp(min=1.0)
+        recorded = loss  # the plain token mean, focused or not: losses stay comparable along the run
+        if self.focus:
+            weighted = mask * self._focus_weights(chosen, mask.shape).to(device)
+            loss = -(logprobs * weighted).sum() / weighted.sum().clamp(min=1.0)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if math.isfinite(self.optimizer.clip_grad_norm_(1.0)):
             self.optimizer.step()
         self.scheduler.step()
-        self.losses.append(float(loss.detach()))
+        self.losses.append(float(recorded.detach()))
         return self.losses[-1]
 
     def _focus_weights(self, chosen: list[Episode], shape: Any) -> Any:
@@ -167,7 +170,7 @@ class SFTRun:
             if classes is None:
                 classes = self._classes[id(episode)] = response_classes(episode, self.pad_token_id)
             for row_classes in classes:
-                for j, c in enumerate(row_classes):
+                for j, c in enumerate(row_classes[: shape[1]]):
                     if c is not None and c in self.focus:
                         weights[row, j] = self.focus[c]
                 row += 1
