@@ -516,7 +516,6 @@ class DemonstrationWarmStart:
             if not final and room and self.stalled(step, sign, sft_run.losses, restarted=restarted):
                 fresh_weights(trainer.model, seed=cfg.seed * 7919 + 1)
                 sft_run.restart(self.steps - step)
-                sft_run.focus = {}  # what the stalled weights got wrong says nothing about fresh ones
                 record["restarted"] = True
                 best.update(check=None, state=None)  # the stalled weights are never handed over
                 logger.warning("warm start step %d: no sign of the copying skill and the loss still on its "
@@ -532,8 +531,8 @@ class DemonstrationWarmStart:
             )
             fresh = max((c["step"] for c in checks if c.get("restarted")), default=0)
             if not final and not passed and cfg.warm_start_focus_at and step - fresh >= cfg.warm_start_focus_at:
-                named = self.focus(record.get("misses", {}))
-                sft_run.focus = {c: max(w, sft_run.focus.get(c, 1.0)) for c, w in {**sft_run.focus, **named}.items()}
+                for c, w in self.focus(record.get("misses", {})).items():  # weights only grow
+                    sft_run.focus[c] = max(w, sft_run.focus.get(c, 1.0))
                 record["focus"] = {str(c): round(w, 3) for c, w in sorted(sft_run.focus.items())}
             return passed
 

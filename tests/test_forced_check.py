@@ -271,6 +271,8 @@ def test_a_focused_loss_weighs_the_classes_it_names(sentence_only) -> None:
     restored = SFTRun(copy.deepcopy(model), episodes, pad_token_id=PAD, steps=1, lr=1e-12, batch_size=2)
     restored.load_state_dict(state)
     assert restored.focus == {CHOICE: 5.0, first: 3.0}
+    restored.restart(1)  # fresh weights: what the old ones got wrong is forgotten
+    assert restored.focus == {}
     del state["focus"]  # saved before focus existed: none
     restored.load_state_dict(state)
     assert restored.focus == {}

@@ -122,7 +122,7 @@ class SFTRun:
     def restart(self, steps: int) -> None:
         """Go on from freshly initialised weights (the caller put them into the model): a new optimizer
         (its fp32 masters and moments were the old weights') and a new warm-up; ``steps`` more steps at
-        most. The step count and the losses go on."""
+        most; no :attr:`focus`. The step count and the losses go on."""
         import torch
 
         lr = self.optimizer.optimizer.param_groups[0]["initial_lr"]
@@ -131,6 +131,7 @@ class SFTRun:
         start, factor = self.step, self.scheduler.lr_lambdas[0]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, factor)
         self.steps = start + steps
+        self.focus = {}  # what the old weights got wrong says nothing about fresh ones
 
     def train_step(self) -> float:
         """One optimiser step on a batch drawn as :func:`sft` says; returns its loss (the token mean; with
