@@ -169,13 +169,15 @@ def test_server_context_limit_after_the_first_call_is_max_tokens(qwen25_template
 
 
 def test_deadline_while_waiting_for_the_server_is_infra(qwen25_template) -> None:
-    backend = ScriptedBackend(text_script(qwen25_template, ["20"]), latency_s=3.0)
+    backend = ScriptedBackend(text_script(qwen25_template, ["20"]), latency_s=6.0)
     started = time.monotonic()
-    episode, _ = run(qwen25_template, [], backend=backend, settings=RolloutSettings(budget=Budget(wall_clock_s=0.5)))
-    assert time.monotonic() - started < 2.5
+    episode, _ = run(qwen25_template, [], backend=backend, settings=RolloutSettings(budget=Budget(wall_clock_s=1.5)))
+    assert time.monotonic() - started < 4.5
     _check(episode, Termination.INFRA_ERROR, masked=True)
     assert "inference server" in episode.termination_detail
-    assert episode.timings["model_s"] >= 0.45  # the hung request's wait is counted
+    # The hung request's wait is counted: most of the budget (the setup before the call takes its share,
+    # more on a loaded machine; 0.41 of a 0.5 s budget was seen in CI).
+    assert episode.timings["model_s"] >= 0.75
 
 
 def test_timeout_in_a_hanging_tool_is_the_policys(qwen25_template) -> None:
