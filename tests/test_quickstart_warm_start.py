@@ -533,7 +533,7 @@ def test_with_a_sliding_window_every_demonstration_and_check_episode_is_two_traj
 
 def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(tiny, tmp_path, monkeypatch) -> None:
     """One seed of eleven (102) stayed at loss 0.57 for 1500 steps, copying the operator but no digit:
-    at warm_start_restart_at a run with no sign of the skill and its loss still on the plateau starts
+    from warm_start_restart_at on a run with no sign of the skill and its loss still on the plateau starts
     again from fresh weights, once, with the rest of the ceiling (a restart included) ahead; a rerun after
     Ctrl-C keeps it."""
     import copy
@@ -550,6 +550,15 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
     assert not rule.stalled(800, 0.0, plateau[:800], restarted=False) and not rule.stalled(
         900, 0.0, plateau, restarted=True
     )
+    # Seed 118's loss as it was restarted (50-step means 0.566 then 0.496, 0.53 over the last 100 steps,
+    # still above 0.75 of its plateau 0.66): falling off the plateau is not stalled; flat again, it is, at
+    # the next check
+    falling = [2.0] * 200 + [0.66] * 600 + [0.566] * 50 + [0.496] * 50
+    assert not rule.stalled(900, 0.0, falling, restarted=False)
+    assert rule.stalled(950, 0.0, falling + [0.5] * 50, restarted=False)
+    assert not rule.stalled(950, 0.0, falling + [0.3] * 50, restarted=False)  # off it
+    drifting = [2.0] * 200 + [0.66] * 650 + [0.64] * 50  # 3% down: drift on the plateau
+    assert rule.stalled(900, 0.0, drifting, restarted=False)
     with_model = DemonstrationWarmStart(QuickstartConfig(**{**cfg.__dict__, "model": "some/dir"}), rows, steps=1500)
     assert not with_model.stalled(900, 0.0, plateau, restarted=False)  # a real model: never
 
