@@ -154,11 +154,12 @@ class QuickstartConfig:
     are reproduced greedily in both styles (or a sample earns reward with a probability below half the
     rewarded style's demonstrated share of this)."""
     warm_start_restart_at: int = 900
-    """Built-in model only: at the first check from this warm-start step on, with this many steps of the
-    ceiling still ahead, where a run's copying skill shows no sign (under 0.05 of the check tasks
-    reproduced greedily in either style) and its loss is still on its plateau (the last 100 steps at 75% or
-    more of steps 200-300) and not falling off it (the last 50 steps' mean not 8% below the 50 before),
-    the run starts again from fresh weights, once, with the rest of the ceiling ahead of it (0: never). A
+    """Built-in model only: at the first check from this warm-start step (400 at the earliest) to 200 steps
+    after it, with this many steps of the ceiling still ahead, where a run's copying skill has shown no
+    sign since this step (under 0.05 of the check tasks reproduced greedily in either style) and its loss
+    is still on its plateau (the last 100 steps at 75% or more of steps 200-300) and not falling off it
+    (the last 50 steps' mean not 8% or more below the 50 before), the run starts again from fresh weights,
+    once, with the rest of the ceiling ahead of it (0: never). A
     model stuck on that plateau this long rarely leaves it (one seed of eleven stayed at loss 0.57 for 1500
     steps, copying the operator but no digit); most that learn have left it by step 900. A run leaving
     it drops 12-26% from one 50 steps to the next (seeds 0, 102, 107, 116, 118), one drifting on it 5% at
@@ -361,8 +362,9 @@ class DemonstrationWarmStart:
     ceiling can catch a low. A warning is given when the check of the weights GRPO gets is below
     ``warm_start_low`` (the policy GRPO gets is weak), not merely because the ceiling came first.
 
-    Two remedies for a run that does not get there: one with no sign of the skill and its loss on its plateau
-    at ``warm_start_restart_at`` starts again from fresh weights (:meth:`stalled`); one still short of its
+    Two remedies for a run that does not get there: one with no sign of the skill and its loss on its plateau,
+    not falling off it, at ``warm_start_restart_at`` (or a check soon after) starts again from fresh weights
+    (:meth:`stalled`); one still short of its
     target ``warm_start_focus_at`` steps after its weights were fresh weighs every class of model token by how
     often the check gets it wrong (:meth:`focus`, ``SFTRun.focus``), the check's misses naming the token it
     does not copy.
@@ -403,17 +405,24 @@ class DemonstrationWarmStart:
         before it starts (one seed of eight ended its warm start there, 0.70 held-out before GRPO)."""
         return greedy_rewarded is None or self.cfg.verbose_fraction <= 0.5 or greedy_rewarded <= 0.5
 
+    @property
+    def restart_from(self) -> int:
+        """The first step a restart is considered at (0: never)."""
+        return max(self.cfg.warm_start_restart_at, 400) if self.cfg.warm_start_restart_at else 0
+
     def stalled(self, step: int, skill: float, losses: list[float], *, restarted: bool) -> bool:
-        """From ``warm_start_restart_at`` on (once, built-in model): no sign of the skill and the loss still
-        on its plateau, not falling off it (see :attr:`QuickstartConfig.warm_start_restart_at`)."""
-        at = self.cfg.warm_start_restart_at
+        """At a check from ``warm_start_restart_at`` (400 at the earliest: the plateau is measured on steps
+        200-300) to 200 steps after it (once, built-in model): no sign of the skill (``skill``: the most
+        seen at a check since then) and the loss still on its plateau, not falling off it (see
+        :attr:`QuickstartConfig.warm_start_restart_at`)."""
+        at = self.restart_from
         if (
             restarted
             or not at
-            or step < at
+            or not at <= step <= at + 200
             or self.cfg.model is not None
             or skill >= 0.05
-            or len(losses) < max(step, 300)
+            or len(losses) < step
         ):
             return False
 
@@ -518,7 +527,8 @@ class DemonstrationWarmStart:
             goal = f" (target {target:.2f})" if target is not None else ""
             bar.set_postfix_str(f"step {step}: {record['greedy']:.2f} reproduce the demonstrations{goal}, "
                                 f"{record['rewarded']:.2f} of samples give the bare answer")  # fmt: skip
-            sign = max(record["greedy_bare"], record["greedy_sentence"])
+            since = [max(c["greedy_bare"], c["greedy_sentence"]) for c in checks if c["step"] >= self.restart_from]
+            sign = max(since, default=0.0)  # a sign of the skill at one check since then spares the run
             restarted = any(c.get("restarted") for c in checks)
             room = self.steps - step >= cfg.warm_start_restart_at  # fresh weights need the steps to learn
             if not final and room and self.stalled(step, sign, sft_run.losses, restarted=restarted):

@@ -559,6 +559,12 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
     assert not rule.stalled(950, 0.0, falling + [0.3] * 50, restarted=False)  # off it
     drifting = [2.0] * 200 + [0.66] * 650 + [0.64] * 50  # 3% down: drift on the plateau
     assert rule.stalled(900, 0.0, drifting, restarted=False)
+    flat = [2.0] * 200 + [0.66] * 1300
+    assert rule.stalled(1100, 0.0, flat[:1100], restarted=False)
+    assert not rule.stalled(1150, 0.0, flat[:1150], restarted=False)  # only soon after warm_start_restart_at
+    early = DemonstrationWarmStart(QuickstartConfig(**{**cfg.__dict__, "warm_start_restart_at": 100}), rows, steps=1500)
+    assert not early.stalled(300, 0.0, flat[:300], restarted=False)  # steps 200-300 are the plateau's measure
+    assert early.stalled(400, 0.0, flat[:400], restarted=False)
     with_model = DemonstrationWarmStart(QuickstartConfig(**{**cfg.__dict__, "model": "some/dir"}), rows, steps=1500)
     assert not with_model.stalled(900, 0.0, plateau, restarted=False)  # a real model: never
 
@@ -597,6 +603,32 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
     assert report["steps"] == 6  # 2 before the restart, 4 after: the ceiling counts both
     assert [c["step"] for c in report["checks"]] == [2, 4, 6] and report["checks"][0]["restarted"]
     assert not any(c.get("restarted") for c in report["checks"][1:])  # once
+
+
+def test_a_sign_of_the_skill_since_the_restart_step_spares_the_run(tiny, tmp_path, monkeypatch) -> None:
+    """The restart can come at a check after warm_start_restart_at (a run falling off its plateau there is
+    given time); a run that showed the skill at any check since then is not restarted because one later
+    check caught a low: the skill handed to the rule is the most seen since that step."""
+    from agentboost.quickstart import DemonstrationWarmStart
+
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    _scripted_measure(monkeypatch, [_check(0.0, 0.0), _check(0.3, 0.0), _check(0.0, 0.0)])
+    _scripted_rollouts(monkeypatch, trainer, reproduced=0.0, rewarded=0.0)
+    monkeypatch.setattr(DemonstrationWarmStart, "restart_from", property(lambda self: 4))
+    handed: list[tuple[int, float]] = []
+
+    def stalled(self, step, skill, losses, *, restarted):
+        handed.append((step, skill))
+        return False
+
+    monkeypatch.setattr(DemonstrationWarmStart, "stalled", stalled)
+    small = QuickstartConfig(
+        **{**cfg.__dict__, "warm_start_check_every": 2, "sft_batch": 4, "warm_start_restart_at": 4}
+    )
+    warm_start(small, trainer, rows, steps=10, progress=False)
+    # step 2 is before it: no check counted; from step 8 on fewer than 4 steps are left: never asked
+    assert handed == [(2, 0.0), (4, 0.3), (6, 0.3)]
 
 
 def test_a_warm_start_whose_greedy_answers_are_already_rewarded_goes_on(tiny, tmp_path, monkeypatch) -> None:
