@@ -14,6 +14,7 @@ import argparse
 import ast
 import dataclasses
 import difflib
+import functools
 import inspect
 import json
 import math
@@ -30,6 +31,13 @@ NONE_WORDS = ("none", "null")
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring of every field of ``cls`` (and its dataclass bases): the string literal that follows
     the field's annotated assignment in the class body, whitespace folded."""
+    return dict(_field_docs(cls))
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
+    # Parsed once per class and process: CPython 3.11.7's AST constructor can raise a spurious
+    # SystemError ("recursion depth mismatch") in a process that hit deep recursion before.
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
