@@ -1,8 +1,9 @@
 """In-process generation with a Hugging Face ``transformers`` causal LM (CPU or one GPU).
 
 The embedded default for a single machine and for tests. Concurrent requests (one per in-flight
-episode) are micro-batched: the first waiting request opens a short window, up to
-``max_batch_size`` requests are left-padded into one batch and decoded together with a KV cache by
+episode) are micro-batched: every request already waiting joins the batch, which stays open while
+requests keep arriving (a short window after each, a cap from the first); up to ``max_batch_size``
+requests are left-padded into one batch and decoded together with a KV cache by
 a sampling loop that applies each request's own temperature / top-k / top-p / min-p / seed /
 ``max_tokens`` / stop tokens. Generation runs in a worker thread so the event loop stays free.
 
@@ -49,7 +50,8 @@ class HFLocalBackend:
             (``local_files_only``; no hub download).
         device: torch device; defaults to the model's device (CUDA if a path is loaded and CUDA exists).
         max_batch_size: requests decoded together.
-        batch_window_s: how long the first waiting request waits for company.
+        batch_window_s: how long a batch waits for one more request after the last one arrived.
+        max_batch_wait_s: how long a batch waits for company at most, from its first request.
         max_context: refuse prompts + max_tokens beyond this (defaults to the model's
             ``max_position_embeddings``).
     """
@@ -62,6 +64,7 @@ class HFLocalBackend:
         dtype: Any = None,
         max_batch_size: int = 8,
         batch_window_s: float = 0.005,
+        max_batch_wait_s: float = 0.1,
         max_context: int | None = None,
         pad_token_id: int = 0,
     ) -> None:
@@ -77,6 +80,7 @@ class HFLocalBackend:
         self.device = torch.device(device) if device else next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
+        self.max_batch_wait_s = max(max_batch_wait_s, batch_window_s)
         self.max_context = max_context or int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self.pad_token_id = pad_token_id
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -118,19 +122,30 @@ class HFLocalBackend:
         await queue.put(_Pending(request, future))
         return await future
 
+    async def _collect(self, queue: asyncio.Queue[_Pending]) -> list[_Pending]:
+        """The next batch: the first waiting request, everything already queued behind it, and what
+        arrives while requests keep coming (each arrival holds the batch open ``batch_window_s``
+        longer, ``max_batch_wait_s`` at most after the first)."""
+        batch = [await queue.get()]
+        opened = time.monotonic()
+        deadline = opened + self.batch_window_s
+        while len(batch) < self.max_batch_size:
+            while len(batch) < self.max_batch_size and not queue.empty():  # queued already: never left behind
+                batch.append(queue.get_nowait())
+                deadline = min(time.monotonic() + self.batch_window_s, opened + self.max_batch_wait_s)
+            timeout = deadline - time.monotonic()
+            if len(batch) >= self.max_batch_size or timeout <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(queue.get(), timeout))
+            except (TimeoutError, asyncio.TimeoutError):
+                break
+            deadline = min(time.monotonic() + self.batch_window_s, opened + self.max_batch_wait_s)
+        return batch
+
     async def _batcher(self, queue: asyncio.Queue[_Pending]) -> None:
         while True:
-            first = await queue.get()
-            batch = [first]
-            deadline = time.monotonic() + self.batch_window_s
-            while len(batch) < self.max_batch_size:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(queue.get(), timeout))
-                except (TimeoutError, asyncio.TimeoutError):
-                    break
+            batch = await self._collect(queue)
             live = [p for p in batch if not p.future.cancelled()]
             if not live:
                 continue
