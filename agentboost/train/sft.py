@@ -22,6 +22,7 @@ from ..chat.template import ChatTemplate
 from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
 from ..types import SamplingParams
+from ..utils.gc_pause import collection_deferred
 from ..utils.refs import resolve
 from .logprobs import response_logprobs
 from .optim import MasterWeightAdamW
@@ -58,7 +59,8 @@ def demonstration_episodes(
     async def everything() -> list[Episode]:
         return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rows))))
 
-    return asyncio.run(everything())
+    with collection_deferred():
+        return asyncio.run(everything())
 
 
 class SFTRun:

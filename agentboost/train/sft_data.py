@@ -43,6 +43,7 @@ from ..errors import TemplateError
 from ..evaluation.report import is_success
 from ..rollout import RolloutSettings, run_episode
 from ..types import Budget, SamplingParams, Termination
+from ..utils.gc_pause import collection_deferred
 from ..utils.refs import resolve
 
 logger = logging.getLogger(__name__)
@@ -232,4 +233,7 @@ def _replay(
     async def everything() -> list[Episode]:
         return list(await asyncio.gather(*(one(*item) for item in work)))
 
-    return asyncio.run(everything()) if work else []
+    if not work:
+        return []
+    with collection_deferred():
+        return asyncio.run(everything())

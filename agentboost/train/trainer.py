@@ -38,6 +38,7 @@ from ..chat.template import ChatTemplate
 from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
 from ..types import Budget, SamplingParams
+from ..utils.gc_pause import collection_deferred
 from ..utils.refs import resolve
 from .grpo import policy_loss
 from .logprobs import output_logits_fn, response_logprobs
@@ -220,7 +221,8 @@ class GRPOTrainer:
         async def everything() -> list[Episode]:
             return list(await asyncio.gather(*(one(r, i, k) for i, r in enumerate(rows) for k in range(n))))
 
-        return asyncio.run(everything())
+        with collection_deferred():
+            return asyncio.run(everything())
 
     def _next_rows(self) -> list[dict[str, Any]]:
         rows = []
