@@ -115,6 +115,31 @@ def test_a_shared_prefix_is_prefilled_once_with_the_same_tokens_and_logprobs(tin
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
+@pytest.mark.parametrize("share", [True, False], ids=["shared-prefix", "full-prefill"])
+def test_finished_rows_leave_the_batch_and_the_others_decode_as_alone(tiny, share) -> None:
+    """Rows that stop early (their budget, a stop token) are dropped with their cache while the rest
+    decode on: every request's tokens and log-probs are what it gets decoded alone."""
+    model, tok = tiny
+    system = tok.encode("You are a calculator assistant. Use the calculator tool, then answer with the number.")
+    tails = [" What is 7 * 8?", " What is 1 - 2 + 3?", " Hi", " Compute 12 / 4", " And 5 * 5 * 5 now?", " 9"]
+    requests = [
+        _req(system + tok.encode(t), rid=str(i), temperature=1.0, seed=100 + i, max_tokens=2 + 4 * i)
+        for i, t in enumerate(tails)
+    ]
+    alone = [_gen(HFLocalBackend(model, max_batch_size=1), [r])[0] for r in requests]
+    stop = alone[5].token_ids[3]  # a stop token that ends the last request early, maybe others too
+    requests[5] = _req(system + tok.encode(tails[5]), rid="5", temperature=1.0, seed=105, max_tokens=22, stops=[stop])
+    alone[5] = _gen(HFLocalBackend(model, max_batch_size=1), [requests[5]])[0]
+    backend = HFLocalBackend(model, max_batch_size=8, batch_window_s=0.05)
+    backend.shares_prefix = None if share else False
+    batched = _gen(backend, requests)
+    assert backend.batches == 1 and backend.compactions >= 2
+    for a, b in zip(batched, alone, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    assert [len(r.token_ids) for r in batched[:5]] == [2, 6, 10, 14, 18]
+
+
 def test_a_model_whose_cache_cannot_be_shared_is_prefilled_in_full(tiny, monkeypatch) -> None:
     model, tok = tiny
     system = tok.encode("You are a calculator assistant. Use the calculator tool, then answer with the number.")

@@ -95,6 +95,8 @@ class HFLocalBackend:
             weakref.WeakKeyDictionary()
         )
         self.batches = 0
+        self.compactions = 0
+        """Times a decoding batch dropped its finished rows (their cache included) to go on with the rest."""
         self.tokens_generated = 0
         self.shares_prefix: bool | None = None
         """Whether batches prefill their common prefix once (None until a batch could; checked then)."""
@@ -222,16 +224,16 @@ class HFLocalBackend:
         past = output.past_key_values
         logits = output.logits[:, -1, :]
         last_pos = positions[:, -1]
+        rows = list(range(n))  # the request of each row of the batch: finished ones leave it (see _compact)
         for _ in range(max(budgets)):
             raw_logits = logits.float().cpu()
+            if len(rows) < n:  # back to request order: row i of raw_logits is request i
+                raw_logits = raw_logits.new_zeros((n, raw_logits.shape[-1])).index_copy_(0, torch.tensor(rows),
+                                                                                         raw_logits)  # fmt: skip
             raw = torch.log_softmax(raw_logits, dim=-1)
-            active = [i for i in range(n) if not finished[i]]
+            active = [i for i in rows if not finished[i]]
             chosen = _choose(raw_logits, active, requests, generators, seen)
-            next_tokens = []
-            for i in range(n):
-                if finished[i]:
-                    next_tokens.append(self.pad_token_id)
-                    continue
+            for i in active:
                 token = chosen[i]
                 out_ids[i].append(token)
                 out_lp[i].append(float(raw[i, token]))
@@ -240,11 +242,17 @@ class HFLocalBackend:
                     finished[i], finish[i] = True, FINISH_STOP
                 elif len(out_ids[i]) >= budgets[i]:
                     finished[i] = True
-                next_tokens.append(token)
             if all(finished) or (stop is not None and stop.is_set()):
                 break
+            live = [j for j, i in enumerate(rows) if not finished[i]]
+            if len(live) <= len(rows) * 3 // 4 and _compactable(past):
+                index = torch.tensor(live, dtype=torch.long, device=self.device)
+                past.batch_select_indices(index)
+                attention, last_pos, rows = attention[index], last_pos[index], [rows[j] for j in live]
+                self.compactions += 1
+            next_tokens = [self.pad_token_id if finished[i] else chosen[i] for i in rows]
             step = torch.tensor(next_tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
-            attention = torch.cat([attention, torch.ones((n, 1), dtype=torch.long, device=self.device)], dim=-1)
+            attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
             last_pos = last_pos + 1
             output = self.model(
                 input_ids=step,
@@ -352,6 +360,14 @@ def _sliding_window(model: Any) -> str | None:
         return f"{len(sliding)} of {len(layer_types)} layers" if sliding else None
     window = getattr(config, "sliding_window", None)
     return f"window {window}" if window else None
+
+
+def _compactable(cache: Any) -> bool:
+    """Whether finished rows can leave ``cache`` (every layer of a ``DynamicCache`` selects rows; other
+    caches keep every row to the end of the batch)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    return isinstance(cache, DynamicCache) and all(isinstance(layer, DynamicLayer) for layer in cache.layers)
 
 
 def _common_prefix(requests: list[GenerationRequest]) -> int:
