@@ -245,3 +245,21 @@ def test_a_batch_stays_open_while_requests_keep_arriving_up_to_its_cap(tiny, mon
     assert run(window=0.5, cap=5.0, gap=0.05) == [6]  # each arrival inside the window of the one before
     capped = run(window=0.15, cap=0.25, gap=0.1)  # the cap closes the batch while requests still come
     assert sum(capped) == 6 and len(capped) >= 2 and capped[0] < 6
+
+
+def test_only_caches_of_plain_key_value_layers_drop_finished_rows() -> None:
+    """A layer that subclasses DynamicLayer but holds more state (transformers 5's hybrid linear-attention
+    layers: convolution and recurrent states) would keep every row of that state: such caches are not
+    compacted."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+    from agentboost.backends.hf_local import _compactable
+
+    class HybridLayer(DynamicLayer):
+        pass
+
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=8)]
+    assert _compactable(cache)
+    cache.layers = [DynamicLayer(), HybridLayer()]
+    assert not _compactable(cache)

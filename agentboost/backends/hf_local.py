@@ -224,19 +224,17 @@ class HFLocalBackend:
         past = output.past_key_values
         logits = output.logits[:, -1, :]
         last_pos = positions[:, -1]
-        rows = list(range(n))  # the request of each row of the batch: finished ones leave it (see _compact)
+        rows = list(range(n))  # the request in each row of the batch: finished ones leave it once a quarter is done
+        row_requests, row_generators, row_seen = requests, generators, seen
         for _ in range(max(budgets)):
             raw_logits = logits.float().cpu()
-            if len(rows) < n:  # back to request order: row i of raw_logits is request i
-                raw_logits = raw_logits.new_zeros((n, raw_logits.shape[-1])).index_copy_(0, torch.tensor(rows),
-                                                                                         raw_logits)  # fmt: skip
             raw = torch.log_softmax(raw_logits, dim=-1)
-            active = [i for i in rows if not finished[i]]
-            chosen = _choose(raw_logits, active, requests, generators, seen)
-            for i in active:
-                token = chosen[i]
+            active = [j for j, i in enumerate(rows) if not finished[i]]
+            chosen = _choose(raw_logits, active, row_requests, row_generators, row_seen)
+            for j in active:
+                i, token = rows[j], chosen[j]
                 out_ids[i].append(token)
-                out_lp[i].append(float(raw[i, token]))
+                out_lp[i].append(float(raw[j, token]))
                 seen[i].add(token)
                 if token in stops[i]:
                     finished[i], finish[i] = True, FINISH_STOP
@@ -244,13 +242,16 @@ class HFLocalBackend:
                     finished[i] = True
             if all(finished) or (stop is not None and stop.is_set()):
                 break
+            next_tokens = [self.pad_token_id if finished[i] else chosen[j] for j, i in enumerate(rows)]
             live = [j for j, i in enumerate(rows) if not finished[i]]
             if len(live) <= len(rows) * 3 // 4 and _compactable(past):
                 index = torch.tensor(live, dtype=torch.long, device=self.device)
                 past.batch_select_indices(index)
-                attention, last_pos, rows = attention[index], last_pos[index], [rows[j] for j in live]
+                attention, last_pos = attention[index], last_pos[index]
+                rows, next_tokens = [rows[j] for j in live], [next_tokens[j] for j in live]
+                row_requests = [requests[i] for i in rows]
+                row_generators, row_seen = [generators[i] for i in rows], [seen[i] for i in rows]
                 self.compactions += 1
-            next_tokens = [self.pad_token_id if finished[i] else chosen[i] for i in rows]
             step = torch.tensor(next_tokens, dtype=torch.long, device=self.device).unsqueeze(-1)
             attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=-1)
             last_pos = last_pos + 1
@@ -363,11 +364,14 @@ def _sliding_window(model: Any) -> str | None:
 
 
 def _compactable(cache: Any) -> bool:
-    """Whether finished rows can leave ``cache`` (every layer of a ``DynamicCache`` selects rows; other
-    caches keep every row to the end of the batch)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    """Whether finished rows can leave ``cache``: a ``DynamicCache`` whose layers are all plain key/value
+    layers (exactly ``DynamicLayer`` / ``DynamicSlidingWindowLayer``: transformers 5's hybrid layers
+    subclass ``DynamicLayer`` but hold convolution / recurrent states its row selection leaves alone).
+    Other caches keep every row to the end of the batch."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-    return isinstance(cache, DynamicCache) and all(isinstance(layer, DynamicLayer) for layer in cache.layers)
+    plain = (DynamicLayer, DynamicSlidingWindowLayer)
+    return type(cache) is DynamicCache and all(type(layer) in plain for layer in cache.layers)
 
 
 def _common_prefix(requests: list[GenerationRequest]) -> int:

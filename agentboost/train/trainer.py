@@ -38,7 +38,6 @@ from ..chat.template import ChatTemplate
 from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
 from ..types import Budget, SamplingParams
-from ..utils.gc_pause import collection_deferred
 from ..utils.refs import resolve
 from .grpo import policy_loss
 from .logprobs import output_logits_fn, response_logprobs
@@ -221,8 +220,7 @@ class GRPOTrainer:
         async def everything() -> list[Episode]:
             return list(await asyncio.gather(*(one(r, i, k) for i, r in enumerate(rows) for k in range(n))))
 
-        with collection_deferred():
-            return asyncio.run(everything())
+        return asyncio.run(everything())
 
     def _next_rows(self) -> list[dict[str, Any]]:
         rows = []

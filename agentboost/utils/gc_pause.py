@@ -3,7 +3,12 @@
 Every Strands episode leaves ~160 objects in reference cycles. With automatic collection on, the
 collector's oldest generation is walked again and again as the episodes built so far pile up: building
 the quickstart's 4096 demonstration episodes took 45 s here, 26 s with collection deferred (+60 MB at
-the peak), the same episodes either way.
+the peak), the same episodes either way. Only for episodes played by a scripted backend: a model's
+forward under transformers 4.57 leaves ~1000 cyclic objects per decoding step (its padded-mask ``vmap``),
+so rollouts of a model keep collection on.
+
+Collection is process-wide: other threads run without it while a block runs, and the outermost block
+turns it back on (unless it was off before), whatever code inside the block did with it.
 """
 
 from __future__ import annotations
