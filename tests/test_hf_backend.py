@@ -182,14 +182,8 @@ def test_a_sliding_window_model_is_prefilled_in_full(tiny) -> None:
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_requests_queued_behind_a_busy_event_loop_all_join_one_batch(tiny, monkeypatch) -> None:
-    """Episodes' Python (Strands, templates) keeps the event loop busy for milliseconds at a time: requests
-    already waiting must all join the batch, however long the loop took to hand the batcher its turn (one
-    request per busy loop turn made GRPO decode its 64 episodes in batches of 2-5, 3-4x slower)."""
-    import time
-
-    model, tok = tiny
-    backend = HFLocalBackend(model, max_batch_size=64, batch_window_s=0.005)
+def _batch_sizes(backend, monkeypatch) -> list[int]:
+    """The size of every batch ``backend`` decodes from now on (filled as it decodes)."""
     sizes: list[int] = []
     decode = backend._decode_batch
 
@@ -198,6 +192,18 @@ def test_requests_queued_behind_a_busy_event_loop_all_join_one_batch(tiny, monke
         return decode(requests, stop)
 
     monkeypatch.setattr(backend, "_decode_batch", recorded)
+    return sizes
+
+
+def test_requests_queued_behind_a_busy_event_loop_all_join_one_batch(tiny, monkeypatch) -> None:
+    """Episodes' Python (Strands, templates) keeps the event loop busy for milliseconds at a time: requests
+    already waiting must all join the batch, however long the loop took to hand the batcher its turn (one
+    request per busy loop turn made GRPO decode its 64 episodes in batches of 2-5, 3-4x slower)."""
+    import time
+
+    model, tok = tiny
+    backend = HFLocalBackend(model, max_batch_size=64, batch_window_s=0.005)
+    sizes = _batch_sizes(backend, monkeypatch)
     prompt = tok.encode("Hello there")
 
     async def busy() -> None:  # other episodes' work between the batcher's turns
@@ -218,17 +224,10 @@ def test_requests_queued_behind_a_busy_event_loop_all_join_one_batch(tiny, monke
 
 def test_a_batch_stays_open_while_requests_keep_arriving_up_to_its_cap(tiny, monkeypatch) -> None:
     model, tok = tiny
-    sizes: list[int] = []
 
     def run(window: float, cap: float, gap: float) -> list[int]:
         backend = HFLocalBackend(model, max_batch_size=64, batch_window_s=window, max_batch_wait_s=cap)
-        decode = backend._decode_batch
-
-        def recorded(requests, stop=None):
-            sizes.append(len(requests))
-            return decode(requests, stop)
-
-        monkeypatch.setattr(backend, "_decode_batch", recorded)
+        sizes = _batch_sizes(backend, monkeypatch)
         prompt = tok.encode("Hello there")
 
         async def late(i: int):
@@ -238,9 +237,8 @@ def test_a_batch_stays_open_while_requests_keep_arriving_up_to_its_cap(tiny, mon
         async def go():
             return await asyncio.gather(*(late(i) for i in range(6)))
 
-        sizes.clear()
         asyncio.run(go())
-        return list(sizes)
+        return sizes
 
     assert run(window=0.5, cap=5.0, gap=0.05) == [6]  # each arrival inside the window of the one before
     capped = run(window=0.15, cap=0.25, gap=0.1)  # the cap closes the batch while requests still come

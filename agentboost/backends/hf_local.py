@@ -129,20 +129,18 @@ class HFLocalBackend:
         arrives while requests keep coming (each arrival holds the batch open ``batch_window_s``
         longer, ``max_batch_wait_s`` at most after the first)."""
         batch = [await queue.get()]
-        opened = time.monotonic()
-        deadline = opened + self.batch_window_s
+        closes = time.monotonic() + self.max_batch_wait_s
         while len(batch) < self.max_batch_size:
             while len(batch) < self.max_batch_size and not queue.empty():  # queued already: never left behind
                 batch.append(queue.get_nowait())
-                deadline = min(time.monotonic() + self.batch_window_s, opened + self.max_batch_wait_s)
-            timeout = deadline - time.monotonic()
+            # the window runs from now: the last arrival, or the moment this batch saw the queue empty
+            timeout = min(self.batch_window_s, closes - time.monotonic())
             if len(batch) >= self.max_batch_size or timeout <= 0:
                 break
             try:
                 batch.append(await asyncio.wait_for(queue.get(), timeout))
             except (TimeoutError, asyncio.TimeoutError):
                 break
-            deadline = min(time.monotonic() + self.batch_window_s, opened + self.max_batch_wait_s)
         return batch
 
     async def _batcher(self, queue: asyncio.Queue[_Pending]) -> None:
