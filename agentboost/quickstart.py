@@ -191,8 +191,9 @@ class QuickstartConfig:
     sft_schedule: str = "constant"
     """Learning rate after the warm-up: "constant" (the warm start ends at a check, not at a step
     count) or "cosine" (decays to 10% at the ceiling)."""
-    grpo_steps: int = 40
-    """GRPO steps."""
+    grpo_steps: int = 20
+    """GRPO steps. Twenty: held-out success levels off by step 10-20 on every seed measured whose warm start
+    passed its check (0.80-1.00 at step 20; 20 steps more added 0.00-0.20 and ~1.3 min)."""
     prompts_per_step: int = 8
     """Tasks per GRPO step."""
     group_size: int = 8

@@ -2,7 +2,7 @@
 (:func:`agentboost.train.run.run_training`), with every piece spelled out so you can swap in your own
 rows, environment (tools, reward), agent, model and warm start.
 
-    python examples/quickstart/train_quickstart.py --run-dir runs/my-quickstart [--grpo-steps 40]
+    python examples/quickstart/train_quickstart.py --run-dir runs/my-quickstart [--grpo-steps 20]
 
 Steps: tasks -> small model + tokenizer -> demonstrations (real episodes played by a scripted policy)
 -> supervised warm start -> held-out evaluation -> GRPO -> held-out evaluation -> curves, summary.json
@@ -30,7 +30,7 @@ from agentboost.types import Budget, SamplingParams
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="runs/quickstart-script")
-    parser.add_argument("--grpo-steps", type=int, default=40)
+    parser.add_argument("--grpo-steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
