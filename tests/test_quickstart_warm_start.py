@@ -652,6 +652,23 @@ def test_a_warm_start_whose_greedy_answers_are_already_rewarded_goes_on(tiny, tm
     assert warm_start(mostly_bare, other, rows, steps=20, progress=False)["steps"] == 2
 
 
+def test_greedy_answers_rewarded_beyond_the_demonstrated_share_keep_the_warm_start_going(tiny, tmp_path, monkeypatch):
+    """Seed 113 ended its warm start with 0.44 of its check tasks answered in the rewarded style greedily
+    (the bound was then "most": 0.5) and started GRPO at 0.47 held-out (+0.53 to gain). The bound is the
+    rewarded style's demonstrated share (0.3): 14/32 goes on, 9/32 ends it."""
+    cfg, rows, _, _ = tiny
+    assert cfg.verbose_fraction == 0.7
+    trainer = _trainer(tiny, tmp_path)
+    checks = [_check(1.0, 0.25, greedy_rewarded=14 / 32), _check(1.0, 0.25, greedy_rewarded=9 / 32)]
+    _scripted_measure(monkeypatch, checks)
+    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    report = warm_start(run_cfg, trainer, rows, steps=20, progress=False)
+    assert [(c["step"], c["greedy_rewarded"]) for c in report["checks"]] == [(2, 14 / 32), (4, 9 / 32)]
+    assert report["steps"] == 4 and report["reached"]
+
+
 def test_the_check_tasks_are_played_for_real_once_at_the_end(tiny, tmp_path, monkeypatch) -> None:
     cfg, rows, _, _ = tiny
     trainer = _trainer(tiny, tmp_path)
