@@ -826,6 +826,21 @@ def test_a_check_whose_greedy_answers_are_already_rewarded_is_not_handed_over_be
     assert report["handed_over_step"] == 4 and report["check"] == 0.6
 
 
+def test_an_untrained_check_is_never_handed_over_before_a_skilled_one(tiny, tmp_path, monkeypatch) -> None:
+    """At the ceiling, a skilled check whose greedy answers are rewarded too often (10/32, above the 0.3
+    bound) outranks a later check of a model that reproduces nothing, which rewards nothing greedily either
+    and so "follows the demonstrated style"."""
+    cfg, rows, _, _ = tiny
+    trainer = _trainer(tiny, tmp_path)
+    _scripted_measure(monkeypatch, [_check(0.97, 0.30, greedy_rewarded=10 / 32), _check(0.0, 0.0)])
+    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
+                                  "sft_batch": 4})  # fmt: skip
+    report = warm_start(run_cfg, trainer, rows, steps=4, progress=False)
+    assert [c["step"] for c in report["checks"]] == [2, 4] and not report["reached"]
+    assert report["handed_over_step"] == 2 and report["check"] == 0.97
+
+
 def test_a_restart_forgets_the_stalled_weights(tiny, tmp_path, monkeypatch) -> None:
     """The weights a restart gave up on are never the ones handed over, even if every later check is lower."""
     import copy
