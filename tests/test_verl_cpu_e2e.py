@@ -76,7 +76,7 @@ def check_steps(result: Any, n: int = 2, *, on_policy: bool = True) -> None:
     steps = result.steps
     assert [s["training/global_step"] for s in steps] == list(range(1, n + 1)), result.log_tail()
     assert result.checkpoints() == list(range(1, n + 1))
-    # Step 1 moved the weights (a non-zero gradient: the parity reward splits the GRPO groups) ...
+    # Step 1 moved the weights (a non-zero gradient: the token-hash reward splits every GRPO group) ...
     assert steps[0]["actor/grad_norm"] > 0
     # ... and step 2's rollouts came from them: the server's log-probs are the ones the actor recomputes
     # (verl's rollout_corr/*: per-sequence mean log-prob gaps and their KL; rollout_probs_diff_*: probabilities).
