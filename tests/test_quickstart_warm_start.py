@@ -809,36 +809,31 @@ def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights
         assert torch.equal(value, best_at_4[name]), name
 
 
-def test_a_check_whose_greedy_answers_are_already_rewarded_is_not_handed_over_before_a_lower_one(
-    tiny, tmp_path, monkeypatch
-):
-    """A check above the thresholds whose greedy answers are already mostly in the rewarded style did not end
-    the warm start (GRPO's job half done before it starts): at the ceiling it is not the one handed over
-    either, however high its shares."""
+@pytest.mark.parametrize(
+    ("checks", "handed_over"),
+    [
+        # A check above the thresholds whose greedy answers are already mostly in the rewarded style did not
+        # end the warm start (GRPO's job half done before it starts): at the ceiling it is not the one handed
+        # over either, however high its shares.
+        pytest.param([_check(1.0, 0.9, greedy_rewarded=0.9), _check(0.6, 0.1)], (4, 0.6), id="rewarded-greedily"),
+        # A skilled check whose greedy answers are rewarded too often (10/32, above the 0.3 bound) still
+        # outranks a later check of a model that reproduces nothing, which rewards nothing greedily either and
+        # so "follows the demonstrated style".
+        pytest.param([_check(0.97, 0.30, greedy_rewarded=10 / 32), _check(0.0, 0.0)], (2, 0.97), id="untrained"),
+    ],
+)
+def test_the_check_handed_over_at_the_ceiling_shows_the_skill_in_the_demonstrated_style(
+    tiny, tmp_path, monkeypatch, checks: list[dict[str, float]], handed_over: tuple[int, float]
+) -> None:
     cfg, rows, _, _ = tiny
     trainer = _trainer(tiny, tmp_path)
-    _scripted_measure(monkeypatch, [_check(1.0, 0.9, greedy_rewarded=0.9), _check(0.6, 0.1)])
+    _scripted_measure(monkeypatch, checks)
     _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
     run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
                                   "sft_batch": 4})  # fmt: skip
     report = warm_start(run_cfg, trainer, rows, steps=4, progress=False)
     assert [c["step"] for c in report["checks"]] == [2, 4] and not report["reached"]
-    assert report["handed_over_step"] == 4 and report["check"] == 0.6
-
-
-def test_an_untrained_check_is_never_handed_over_before_a_skilled_one(tiny, tmp_path, monkeypatch) -> None:
-    """At the ceiling, a skilled check whose greedy answers are rewarded too often (10/32, above the 0.3
-    bound) outranks a later check of a model that reproduces nothing, which rewards nothing greedily either
-    and so "follows the demonstrated style"."""
-    cfg, rows, _, _ = tiny
-    trainer = _trainer(tiny, tmp_path)
-    _scripted_measure(monkeypatch, [_check(0.97, 0.30, greedy_rewarded=10 / 32), _check(0.0, 0.0)])
-    _scripted_rollouts(monkeypatch, trainer, reproduced=1.0, rewarded=0.25)
-    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
-                                  "sft_batch": 4})  # fmt: skip
-    report = warm_start(run_cfg, trainer, rows, steps=4, progress=False)
-    assert [c["step"] for c in report["checks"]] == [2, 4] and not report["reached"]
-    assert report["handed_over_step"] == 2 and report["check"] == 0.97
+    assert (report["handed_over_step"], report["check"]) == handed_over
 
 
 def test_a_restart_forgets_the_stalled_weights(tiny, tmp_path, monkeypatch) -> None:
