@@ -343,9 +343,15 @@ def build_domain_tokenizer(
     family: str = "qwen2.5",
     vocab_size: int = 1024,
     out_dir: str | Path | None = None,
+    kept_apart: tuple[str, ...] = (),
 ) -> Path:
     """A small byte-level BPE vocabulary trained on ``corpus``, with ``family``'s pre-tokenizer,
     special tokens and original chat template.
+
+    ``kept_apart``: two-character strings never merged into one token (the merge is dropped after
+    training; its id stays in the vocabulary, never produced). The quickstart keeps " -" apart: merged,
+    "The answer is -42." writes the sign as a token the tool's "-42" never shows (" -" instead of "-"),
+    and the sentence answer is then a translation where every other answer is a copy.
 
     For models trained from scratch on one task (the quickstart): the chat template, its special
     tokens and the tool-call format are the real ones; only the vocabulary is small, so the output
@@ -356,7 +362,13 @@ def build_domain_tokenizer(
         raise KeyError(f"unknown tokenizer family {family!r}; known: {sorted(SPECS)}")
     spec = SPECS[family]
     template = package_resource(spec.template_package, spec.template_resource).read_text(encoding="utf-8")
-    digest = hashlib.sha256(json.dumps([family, vocab_size, template, spec.pattern, corpus]).encode()).hexdigest()[:16]
+    for text in kept_apart:
+        if len(text) != 2:
+            raise ValueError(f"kept_apart takes two-character strings, got {text!r}")
+    key: list[Any] = [family, vocab_size, template, spec.pattern, corpus]
+    if kept_apart:  # without it, the key (and the cached directory) of earlier builds
+        key.append(sorted(kept_apart))
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     target = Path(out_dir) if out_dir else _cache_root() / "tokenizers" / f"domain-{family}-{vocab_size}-{digest}"
     if (target / "tokenizer.json").is_file() and (target / "tokenizer_config.json").is_file():
         return target
@@ -381,6 +393,8 @@ def build_domain_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
+    if kept_apart:
+        tok = _without_merges(tok, kept_apart)
     added = {
         str(tok.token_to_id(token)): {
             "content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
@@ -404,6 +418,23 @@ def build_domain_tokenizer(
     (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
     logger.info("trained a %d-token %s domain tokenizer at %s", tok.get_vocab_size(), family, target)
     return target
+
+
+def _without_merges(tok: Any, kept_apart: tuple[str, ...]) -> Any:
+    """``tok`` without the merges that join the two characters of a ``kept_apart`` string (byte-level)."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    pairs = set()
+    for text in kept_apart:
+        (left, _), (right, _) = (byte_level.pre_tokenize_str(char)[0] for char in text)
+        pairs.add((left, right))
+    data = json.loads(tok.to_str())
+    merges = data["model"]["merges"]
+    data["model"]["merges"] = [
+        m for m in merges if (tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))) not in pairs
+    ]
+    return Tokenizer.from_str(json.dumps(data))
 
 
 def load_tokenizer(name: str) -> Any:
