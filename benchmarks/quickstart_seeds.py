@@ -75,6 +75,23 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
         "warm_start_handed_over_step": summary.get("warm_start", {}).get("handed_over_step"),  # best-checked
         "seconds": summary["timings"].get("total_s"),
         "timings": summary["timings"],
+        "not_default": not_default(summary.get("config", {})),
+    }
+
+
+def not_default(saved: dict) -> dict:
+    """The options defining a run (model, vocabulary, tasks) on which ``saved`` differs from today's defaults:
+    a run directory kept from an earlier sweep is skipped, not rerun, so the report names what it was made
+    with."""
+    from dataclasses import asdict
+
+    from agentboost.quickstart import _BEFORE_IT_WAS_RECORDED, _DEFINES_THE_RUN, QuickstartConfig
+
+    today = asdict(QuickstartConfig())
+    return {
+        name: saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name))
+        for name in _DEFINES_THE_RUN
+        if name != "seed" and saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, today[name])) != today[name]
     }
 
 
@@ -110,6 +127,11 @@ def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one r
             f"max {max(times) / 60:.1f} min "
             f"(goal: each <= {GOAL_SECONDS / 60:.0f} min; {sum(t <= GOAL_SECONDS for t in times)}/{len(times)} met)",
             f"machine: {os.cpu_count()} CPU cores, {threads_note}",
+        ]
+        lines += [
+            f"seed {r['seed']} was run with settings that are not today's defaults: {r['not_default']}"
+            for r in done
+            if r.get("not_default")
         ]
         _figure(done, figure)
         lines.append(f"figure: {figure}")

@@ -37,8 +37,9 @@ def test_a_sentence_answer_writes_the_number_with_the_tool_s_own_tokens() -> Non
     cfg = QuickstartConfig(seed=120, hidden_size=32, num_layers=1, num_heads=2)
     rows, eval_rows = quickstart_tasks(cfg)
     _, tokenizer = build_quickstart_model(cfg, rows)
-    answers = {row["answer"] for row in rows + eval_rows} | {"-123", "-7", "0", "999"}
-    assert any(a.startswith("-") for a in answers)  # the tasks have negative results
+    answers = {row["answer"] for row in rows + eval_rows}
+    assert any(a.startswith("-") for a in answers)  # the tasks themselves have negative results
+    answers |= {"-123", "-7", "0", "999"}
     for answer in sorted(answers):
         alone = tokenizer.encode(answer, add_special_tokens=False)  # as the tool's result shows it
         sentence = tokenizer.encode(verbose_answer(answer), add_special_tokens=False)
@@ -61,6 +62,31 @@ def test_kept_apart_drops_only_that_merge() -> None:
     assert after.get_vocab() == before.get_vocab()  # ids unchanged: the dropped token is never produced
     with pytest.raises(ValueError, match="two-character"):
         build_domain_tokenizer(corpus, vocab_size=300, kept_apart=(" --",))
+
+
+def test_kept_apart_also_drops_a_merge_that_joins_the_pair_through_a_longer_token() -> None:
+    """The pre-token " ->" merges as " " + "->", never " " + "-": the pair must stay apart there too."""
+    from transformers import AutoTokenizer
+
+    corpus = ["x ->y a ->b f ->g"] * 40
+    merged = AutoTokenizer.from_pretrained(str(build_domain_tokenizer(corpus, vocab_size=280)), local_files_only=True)
+    assert "Ġ->" in merged.tokenize("x ->y")  # the chain exists without kept_apart
+    directory = build_domain_tokenizer(corpus, vocab_size=280, kept_apart=(" -",))
+    apart = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    tokens = apart.tokenize("x ->y")
+    assert not any("Ġ-" in token for token in tokens), tokens
+    assert apart.convert_tokens_to_string(tokens) == "x ->y"
+
+
+def test_a_given_directory_is_rebuilt_when_it_holds_another_build(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    corpus = ["The answer is -42. a - b"] * 20
+    out = tmp_path / "tok"
+    build_domain_tokenizer(corpus, vocab_size=280, out_dir=out)
+    assert "Ġ-" in AutoTokenizer.from_pretrained(str(out), local_files_only=True).tokenize("is -42")
+    build_domain_tokenizer(corpus, vocab_size=280, out_dir=out, kept_apart=(" -",))  # not the merged one
+    assert "Ġ-" not in AutoTokenizer.from_pretrained(str(out), local_files_only=True).tokenize("is -42")
 
 
 def test_the_merged_sign_is_an_option_and_a_run_made_with_it_resumes_only_with_it(tmp_path: Path) -> None:

@@ -348,8 +348,9 @@ def build_domain_tokenizer(
     """A small byte-level BPE vocabulary trained on ``corpus``, with ``family``'s pre-tokenizer,
     special tokens and original chat template.
 
-    ``kept_apart``: two-character strings never merged into one token (the merge is dropped after
-    training; its id stays in the vocabulary, never produced). The quickstart keeps " -" apart: merged,
+    ``kept_apart``: two-character strings never joined inside one token: every merge whose seam falls
+    between the two characters is dropped after training (direct, as " " + "-", or in a chain, as " " +
+    "->"); their ids stay in the vocabulary, never produced. The quickstart keeps " -" apart: merged,
     "The answer is -42." writes the sign as a token the tool's "-42" never shows (" -" instead of "-"),
     and the sentence answer is then a translation where every other answer is a copy.
 
@@ -370,7 +371,8 @@ def build_domain_tokenizer(
         key.append(sorted(kept_apart))
     digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
     target = Path(out_dir) if out_dir else _cache_root() / "tokenizers" / f"domain-{family}-{vocab_size}-{digest}"
-    if (target / "tokenizer.json").is_file() and (target / "tokenizer_config.json").is_file():
+    built = (target / "tokenizer.json").is_file() and (target / "tokenizer_config.json").is_file()
+    if built and (out_dir is None or _build_key(target) == digest):  # a given directory may hold another build
         return target
 
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
@@ -416,12 +418,26 @@ def build_domain_tokenizer(
     target.mkdir(parents=True, exist_ok=True)
     tok.save(str(target / "tokenizer.json"))
     (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    (target / _BUILD_KEY).write_text(json.dumps({"digest": digest}))
     logger.info("trained a %d-token %s domain tokenizer at %s", tok.get_vocab_size(), family, target)
     return target
 
 
+_BUILD_KEY = "agentboost_build.json"
+"""What a domain tokenizer directory was built from (the digest of corpus, family, size and kept_apart)."""
+
+
+def _build_key(target: Path) -> str | None:
+    try:
+        return json.loads((target / _BUILD_KEY).read_text()).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _without_merges(tok: Any, kept_apart: tuple[str, ...]) -> Any:
-    """``tok`` without the merges that join the two characters of a ``kept_apart`` string (byte-level)."""
+    """``tok`` without the merges whose seam joins the two characters of a ``kept_apart`` string: the left
+    part ends with the first (byte-level) character, the right part starts with the second. A token holding
+    the pair can only come from such a merge, so none is produced again."""
     from tokenizers import Tokenizer, pre_tokenizers
 
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -430,10 +446,12 @@ def _without_merges(tok: Any, kept_apart: tuple[str, ...]) -> Any:
         (left, _), (right, _) = (byte_level.pre_tokenize_str(char)[0] for char in text)
         pairs.add((left, right))
     data = json.loads(tok.to_str())
-    merges = data["model"]["merges"]
-    data["model"]["merges"] = [
-        m for m in merges if (tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))) not in pairs
-    ]
+
+    def kept(merge: list[str] | str) -> bool:  # saved as ["a", "b"] or "a b" (byte-level: no literal space)
+        first, second = merge if isinstance(merge, list) else merge.split(" ", 1)
+        return not any(first.endswith(left) and second.startswith(right) for left, right in pairs)
+
+    data["model"]["merges"] = [merge for merge in data["model"]["merges"] if kept(merge)]
     return Tokenizer.from_str(json.dumps(data))
 
 

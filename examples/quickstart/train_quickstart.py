@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agentboost.agents.strands_agent import StrandsAgent
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks
-from agentboost.quickstart import ENV, DemonstrationWarmStart, QuickstartConfig, build_quickstart_model
+from agentboost.quickstart import ENV, DemonstrationWarmStart, QuickstartConfig, build_quickstart_model, check_resumable
 from agentboost.train.models import model_record
 from agentboost.train.run import RunPlan, format_run_summary, run_training
 from agentboost.train.trainer import TrainConfig
@@ -69,7 +69,7 @@ def main() -> None:
         run_dir=Path(args.run_dir), title="Quickstart (script)", config=asdict(quick), train_rows=train_rows,
         eval_rows=eval_rows, env=env, agent=agent, build_model=build_model,
         model_record=model_record(None, lora=None, dtype="float32"), train_config=config, warm_start=warm,
-        seed=args.seed,
+        seed=args.seed, check_resumable=lambda run_dir: check_resumable(quick, run_dir),  # same tasks and vocabulary
     )  # fmt: skip
     summary = run_training(plan)
     sys.stdout.write(format_run_summary(summary, title="Quickstart (script): held-out tasks") + "\n")
