@@ -112,7 +112,8 @@ class QuickstartConfig:
     shows: the sentence answer to a negative result is a translation where every other answer is a copy.
     The warm start's check counts a task only when both styles are right, and with it merged most runs
     passed with that token still wrong on every check task that needed it, or only once they had learnt it
-    (seed 120 read 0.75 of the check, its eight negative answers, for 500 steps)."""
+    (seed 120 read 0.75 of the check, its eight negative answers, for 500 steps). A run directory made
+    before this option existed resumes only with it off."""
     train_tasks: int = 512
     """Generated training tasks."""
     eval_tasks: int = 64

@@ -133,7 +133,7 @@ def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one r
             for r in done
             if r.get("not_default")
         ]
-        _figure(done, figure)
+        _figure(done, figure, threads_note)
         lines.append(f"figure: {figure}")
     text = "\n".join(lines)
     (out / "seeds.json").write_text(json.dumps(rows, indent=2))
@@ -147,27 +147,27 @@ def _split(timings: dict) -> str:
     return f" ({timings['sft_s'] / 60:.1f} + {timings['grpo_s'] / 60:.1f})"
 
 
-def _figure(rows: list[dict], path: Path) -> None:
+def _figure(rows: list[dict], path: Path, threads_note: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     seeds = [r["seed"] for r in rows]
-    fig, ax = plt.subplots(figsize=(8, 3.6), dpi=110)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.4 * len(seeds)), 4.0), dpi=110)
     width = 0.38
     xs = range(len(seeds))
     ax.bar([x - width / 2 for x in xs], [r["before"] for r in rows], width, label="after warm start", color="C7")
     ax.bar([x + width / 2 for x in xs], [r["after"] for r in rows], width, label="after GRPO", color="C0")
     ax.axhline(GOAL_IMPROVEMENT, color="C3", linestyle=":", linewidth=1, label=f"+{GOAL_IMPROVEMENT} (goal gain)")
-    ax.set_xticks(list(xs), [str(s) for s in seeds])
+    ax.set_xticks(list(xs), [str(s) for s in seeds], fontsize=8)
     ax.set_xlabel("seed")
     ax.set_ylabel("held-out success (greedy)")
     ax.set_ylim(0, 1.05)
     minutes = [r["seconds"] / 60 for r in rows]
     span = f"{min(minutes):.1f}-{max(minutes):.1f} min each"
-    ax.set_title(f"agentboost quickstart, default settings: {len(rows)} seeds, {span}")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(f"agentboost quickstart, default settings: {len(rows)} seeds, {span} ({threads_note})", fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
