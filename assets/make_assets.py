@@ -202,7 +202,7 @@ def viewer_screenshot(eval_dir: Path, work: Path, figures: Path, title: str) -> 
     no_machine_paths(page.read_text(encoding="utf-8"), str(page), eval_dir, work)
     driver = open_chromium(width=1280, height=1000)
     try:
-        driver.get(page.as_uri())
+        driver.get(page.resolve().as_uri())  # --work may be given relative to the checkout
         WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.body.dataset.ready") == "1")
         cards = driver.find_elements(By.CSS_SELECTOR, "#episodes details.episode")
         # the most telling episode: one that used a tool and earned a reward, else any with a tool call
