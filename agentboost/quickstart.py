@@ -781,6 +781,23 @@ def _same_setting(name: str, saved: Any, now: Any) -> bool:
     return saved == now
 
 
+def settings_that_differ(cfg: QuickstartConfig, saved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The options defining a run on which a run's recorded settings ``saved`` and ``cfg`` differ, as
+    (saved, now); an option recorded before it existed reads as what such a run was made with."""
+    # demo_max_ops compared as the count demonstrated: none (or not recorded) is the run's max_ops
+    saved = {**saved, "demo_max_ops": saved.get("demo_max_ops") or saved.get("max_ops")}
+    now = {**asdict(cfg), "demo_max_ops": cfg.demo_ops}
+    compared = [
+        name for name in _DEFINES_THE_RUN
+        if not (name in _BUILT_IN_MODEL and now["model"] is not None and saved.get("model") is not None)
+    ]  # fmt: skip
+    return {
+        name: (saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name)), now[name])
+        for name in compared
+        if not _same_setting(name, saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, now[name])), now[name])
+    }
+
+
 def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
     """Refuse to resume a checkpoint (GRPO's or the warm start's) made with other model, tokenizer or task
     options: its weights would not load (another shape) or, worse, load onto a tokenizer whose ids mean
@@ -791,17 +808,9 @@ def check_resumable(cfg: QuickstartConfig, run_dir: Path) -> None:
     if saved is None:
         logger.warning("%s has a checkpoint but no recorded settings (summary.json): resuming it unchecked", run_dir)
         return
-    # demo_max_ops compared as the count demonstrated: none (or not recorded) is the run's max_ops
-    saved = {**saved, "demo_max_ops": saved.get("demo_max_ops") or saved.get("max_ops")}
-    now = {**asdict(cfg), "demo_max_ops": cfg.demo_ops}
-    compared = [
-        name for name in _DEFINES_THE_RUN
-        if not (name in _BUILT_IN_MODEL and now["model"] is not None and saved.get("model") is not None)
-    ]  # fmt: skip
     different = [
-        f"--{name.replace('_', '-')} {saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name))} (saved) vs {now[name]} (now)"
-        for name in compared
-        if not _same_setting(name, saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, now[name])), now[name])
+        f"--{name.replace('_', '-')} {then} (saved) vs {now} (now)"
+        for name, (then, now) in settings_that_differ(cfg, saved).items()
     ]
     if different:
         raise ValueError(

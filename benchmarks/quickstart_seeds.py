@@ -80,19 +80,13 @@ def run_seed(seed: int, out: Path, extra: list[str], threads: int | None = None)
 
 
 def not_default(saved: dict) -> dict:
-    """The options defining a run (model, vocabulary, tasks) on which ``saved`` differs from today's defaults:
-    a run directory kept from an earlier sweep is skipped, not rerun, so the report names what it was made
-    with."""
-    from dataclasses import asdict
+    """The options defining a run (model, vocabulary, tasks) on which ``saved`` differs from today's defaults
+    for its seed: a run directory kept from an earlier sweep is skipped, not rerun, so the report names what
+    it was made with."""
+    from agentboost.quickstart import QuickstartConfig, settings_that_differ
 
-    from agentboost.quickstart import _BEFORE_IT_WAS_RECORDED, _DEFINES_THE_RUN, QuickstartConfig
-
-    today = asdict(QuickstartConfig())
-    return {
-        name: saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name))
-        for name in _DEFINES_THE_RUN
-        if name != "seed" and saved.get(name, _BEFORE_IT_WAS_RECORDED.get(name, today[name])) != today[name]
-    }
+    today = QuickstartConfig(seed=saved.get("seed", QuickstartConfig.seed))
+    return {name: then for name, (then, _) in settings_that_differ(today, saved).items()}
 
 
 def report(rows: list[dict], out: Path, figure: Path, threads_note: str = "one run at a time") -> str:

@@ -2,10 +2,11 @@
 
 The check of the warm start counts a task only when both answer styles are reproduced. With " -" one token
 (the BPE merges a space with the punctuation after it), "The answer is -42." wrote the sign as a token the
-tool's "-42" never shows, so the sentence answer to a negative result was a translation, not a copy: in the
-final seed table's runs it was wrong on every check task that needed it at nearly every check, and a run
-whose 32 check tasks held more than six negative answers could not reach the 0.8 target before it learnt
-that one token (seed 120: 0.75 for 500 steps, every miss that token).
+tool's "-42" never shows, so the sentence answer to a negative result was a translation, not a copy. In the
+seed table made with it merged (benchmarks/results/quickstart_seeds_merged_sign.md) it was wrong on every
+check task that needed it at nearly every check, and a run whose 32 check tasks held more than six negative
+answers could not reach the 0.8 target before it learnt that one token (seed 120: 0.75 for 500 steps, every
+miss that token).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def test_a_given_directory_is_rebuilt_when_it_holds_another_build(tmp_path: Path
 
 
 def test_the_merged_sign_is_an_option_and_a_run_made_with_it_resumes_only_with_it(tmp_path: Path) -> None:
-    """``--negative-sign-apart false`` builds the vocabulary of the final seed table's runs; a run directory
+    """``--negative-sign-apart false`` builds the vocabulary of the merged-sign seed table's runs; a run directory
     written before the option existed had the sign merged, and resuming it with the sign apart is refused
     (its weights were trained on the other tokens)."""
     cfg = QuickstartConfig(seed=120, hidden_size=32, num_layers=1, num_heads=2, negative_sign_apart=False)
