@@ -11,7 +11,7 @@ import pytest
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 FIGURES = ("architecture.png", "eval_report.png", "quickstart_curves.png", "viewer.png")
-"""The figures the README shows (``eval_quickstart.png`` is drawn only from a quickstart run with a trained model)."""
+"""The figures the docs show (``eval_quickstart.png`` is drawn only from a quickstart run with a trained model)."""
 
 
 def _diagram():

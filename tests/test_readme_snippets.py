@@ -1,5 +1,5 @@
-"""README's "From a snippet to a run" and "Train your own agent" work as written: every block marked
-``<!-- readme-snippet: NAME -->`` is extracted and run.
+"""The docs' "From a snippet to a run" (docs/your-agent.md) and README's "Train your own agent" work as written:
+every block marked ``<!-- readme-snippet: NAME -->`` in README.md or a page of docs/ is extracted and run.
 
 Files are written under their names; the ``commands`` block is run line by line through the CLI against
 the instant scripted policy (``agentboost.testing.instant``, no model; a command aimed at an HTTP server
@@ -29,19 +29,20 @@ import pytest
 
 from agentboost.cli.main import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 MARKER = re.compile(r"<!-- readme-snippet: (?P<name>[\w.\-]+) -->\n```[\w-]*\n(?P<body>.*?)\n```", re.DOTALL)
 NAMES = {"mytools.py", "tasks.jsonl", "commands", "run_episode.py", "pool_run.py", "train-cpu", "train-gpu"}
 COMMAND_BLOCKS = {"commands", "train-cpu", "train-gpu"}
 ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 INSTANT = ["--backend", "py:agentboost.testing.instant:instant_backend", "--tokenizer", "offline:qwen2.5"]
 
 
 def snippets() -> dict[str, str]:
     found: dict[str, str] = {}
-    for match in MARKER.finditer(README.read_text(encoding="utf-8")):
-        assert match["name"] not in found, f"snippet {match['name']} appears twice"
-        found[match["name"]] = match["body"] + "\n"
+    for text in TEXTS:
+        for match in MARKER.finditer(text.read_text(encoding="utf-8")):
+            assert match["name"] not in found, f"snippet {match['name']} appears twice"
+            found[match["name"]] = match["body"] + "\n"
     return found
 
 
@@ -49,7 +50,7 @@ def snippets() -> dict[str, str]:
 def workdir(tmp_path_factory) -> Path:
     """A directory holding every file snippet, as a user would have it."""
     found = snippets()
-    assert set(found) == NAMES, f"README snippets: {sorted(found)}"
+    assert set(found) == NAMES, f"snippets in README.md and docs/: {sorted(found)}"
     directory = tmp_path_factory.mktemp("readme")
     for name, body in found.items():
         if name not in COMMAND_BLOCKS:
