@@ -133,7 +133,8 @@ class GRPOTrainer:
     Args:
         model: a Hugging Face causal LM (``nn.Module``; a peft model for LoRA) being trained.
         template: the :class:`ChatTemplate` of its tokenizer.
-        train_rows / eval_rows: dataset rows (``StrandsEnv.from_dict`` input).
+        train_rows: dataset rows (``StrandsEnv.from_dict`` input).
+        eval_rows: held-out rows, the same.
         env: environment class or reference; ``env_args`` are merged into every row.
         agent: the :class:`StrandsAgent` (factory / system prompt) used for every episode.
     """
