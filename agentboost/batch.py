@@ -203,7 +203,7 @@ def _episode_rewards(episode: Episode) -> dict[str, float]:
 
 
 def row_advantages(batch: Batch, *, eps: float = 1e-6, normalize_std: bool = True) -> Any:
-    """Per row: its episode's GRPO advantage (README, "Agents that rewrite their history, and multi-agent
+    """Per row: its episode's GRPO advantage (docs/multi-agent.md, "Agents that rewrite their history, and multi-agent
     runs"). Computed over the unmasked episodes of the row's group, on the reward of the row's agent
     (the episode's reward unless the reward function gave that agent its own), then given to every row
     of the episode of that agent: an episode counts once in its group however many trajectories it has.

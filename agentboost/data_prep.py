@@ -123,7 +123,7 @@ def write_dataset(name: str, splits: dict[str, list[dict[str, Any]]], out_dir: s
         from rllm.data.dataset import DatasetRegistry
     except ImportError:
         if register == "yes":
-            raise SystemExit("--register yes: rLLM is not installed (see README 'Training on GPUs')") from None
+            raise SystemExit("--register yes: rLLM is not installed (see docs/gpu-rllm.md)") from None
         logger.info("rLLM is not installed: not registered (the .jsonl files work with `agentboost eval`)")
         return written
     for split, rows in splits.items():

@@ -16,7 +16,7 @@ edited it, the system prompt or the tool list changed, another agent or a side c
 summariser used the model), the call opens a new trajectory whose prompt is the whole history the
 model is given, rendered by the chat template (:class:`TrajectoryInfo` says which agent and why). The
 episode keeps one termination and one reward; a trainer gives every trajectory of an episode the
-episode's advantage (README, "Agents that rewrite their history, and multi-agent runs").
+episode's advantage (docs/multi-agent.md, "Agents that rewrite their history, and multi-agent runs").
 
 ``segments`` and ``calls`` are flat and in commit order: call ``c`` owns ``segments[2c]`` (its
 trajectory's prompt, or its env segment) and ``segments[2c + 1]`` (its model segment), and names its

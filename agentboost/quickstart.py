@@ -131,8 +131,8 @@ class QuickstartConfig:
     window_size: int | None = None
     """Give the agent Strands' sliding window, applied before every model call
     (``SlidingWindowConversationManager(window_size, per_turn=True)``): with 2, the answer call sees only
-    the calculator call and its result, so every episode is two trajectories (README, "Agents that
-    rewrite their history"). None: no window (NullConversationManager)."""
+    the calculator call and its result, so every episode is two trajectories (docs/multi-agent.md, "Agents
+    that rewrite their history"). None: no window (NullConversationManager)."""
     demos: int = 2048
     """Demonstrations of the warm start: this many different expressions (none repeated, none held out,
     none among the check tasks), drawn from operands up to demo_max_value."""
@@ -148,7 +148,7 @@ class QuickstartConfig:
     demonstrations without copying it: seed 102 copied every operand from step 1100 on but wrote "*" for
     most "+" and "-" to the 2400-step ceiling. Two rescued 102 and 107 (the two of 21 seeds below +0.4
     with one), but over 17 seeds failed two others (113 wrote "+" for every operator; 117) and
-    sent four to the 2400-step ceiling (README, "Over seeds")."""
+    sent four to the 2400-step ceiling (docs/train-one-machine.md, "Over seeds")."""
     verbose_fraction: float = 0.7
     """Share of demonstrations that answer with a sentence (unrewarded) instead of the bare number."""
     sft_steps: int | None = field(default=None, metadata={"default_text": "2400 (built-in model), 0 with --model"})
@@ -200,8 +200,9 @@ class QuickstartConfig:
     """Learning rate after the warm-up: "constant" (the warm start ends at a check, not at a step
     count) or "cosine" (decays to 10% at the ceiling)."""
     grpo_steps: int = 20
-    """GRPO steps. Twenty: held-out success was 0.80-1.00 at step 20 on all 23 seeds measured (README, "Over
-    seeds"); the 14 of them run to 40 steps all reached 1.00 there, 0.00-0.20 more for ~1.3 min."""
+    """GRPO steps. Twenty: held-out success was 0.80-1.00 at step 20 on all 23 seeds measured
+    (docs/train-one-machine.md, "Over seeds"); the 14 of them run to 40 steps all reached 1.00 there,
+    0.00-0.20 more for ~1.3 min."""
     prompts_per_step: int = 8
     """Tasks per GRPO step."""
     group_size: int = 8

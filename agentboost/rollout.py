@@ -6,7 +6,7 @@ rLLM engine adapter all call it, so every path produces the same typed, checked 
 * every failure becomes a :class:`~agentboost.types.Termination` (never an exception out of here,
   except cancellation of the caller);
 * the token invariant is checked on every episode; a violation is an ``infra_error``;
-* one masking rule (README, "What is trained on"): endings the policy caused (``completed``,
+* one masking rule (docs/masking.md, "What is trained on"): endings the policy caused (``completed``,
   ``max_turns``, ``max_tokens``, ``timeout`` in its own turns, ``tool_error``) are scored by the
   reward function; endings it did not cause (``context_overflow`` of the task's prompt,
   ``infra_error``) get reward 0 and an all-zero loss mask, and are still returned (never dropped);

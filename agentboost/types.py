@@ -11,7 +11,7 @@ from typing import Any
 class Termination(str, Enum):
     """Why an episode ended. Every episode ends with exactly one of these.
 
-    One rule decides what is trained on (README, "What is trained on"): endings the policy caused
+    One rule decides what is trained on (docs/masking.md, "What is trained on"): endings the policy caused
     keep a reward (the reward function decides; agentboost's rewards give 0 to anything but
     ``completed``) and stay in their GRPO group; endings it did not cause are masked (reward 0, loss
     mask 0, out of their group).

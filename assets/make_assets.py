@@ -1,4 +1,4 @@
-"""Regenerate the README's figures with the project's own commands (no network).
+"""Regenerate the docs' figures with the project's own commands (no network).
 
     python assets/make_assets.py                                   # everything; runs the quickstart first
     python assets/make_assets.py --quickstart-run runs/quickstart  # reuse a finished quickstart run

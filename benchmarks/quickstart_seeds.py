@@ -14,7 +14,7 @@ Goal: every improvement >= +0.4, every run <= 10 min on 2 cores.
     python benchmarks/quickstart_seeds.py --report-only --out runs/seeds   # table + figure from finished runs
 
 Writes ``<out>/seeds.json``, ``<out>/seeds.md`` and a figure (``--figure``, default
-``<out>/quickstart_seeds.png``; README's is ``assets/quickstart_seeds.png``). A seed whose run directory
+``<out>/quickstart_seeds.png``; the docs' is ``assets/quickstart_seeds.png``). A seed whose run directory
 already holds a finished summary is not run again (delete it to re-run). With ``--parallel N`` every
 run gets ``cores / N`` threads (OMP_NUM_THREADS), so each run's time is what it takes on that many
 cores: with ``--parallel 2`` on a 2-core machine, a run within 10 minutes on one core is within 10

@@ -1,4 +1,4 @@
-"""The CLI contract (README "Troubleshooting", :mod:`agentboost.cli.contract`), table-driven: bad input to every
+"""The CLI contract (docs/troubleshooting.md, :mod:`agentboost.cli.contract`), table-driven: bad input to every
 command exits 2, a dead server 3, each with exactly one line on stderr naming the cause, no traceback, nothing on
 stdout and nothing written (each case runs in a directory of its own, compared before and after).
 

@@ -165,7 +165,7 @@ def test_the_trainers_per_token_advantages_equal_the_formula(episodes, tmp_path,
 
 def test_splitting_an_episode_into_trajectories_leaves_its_weight_in_the_loss() -> None:
     """The loss is the token-mean over every model token of the batch: an episode weighs its model tokens,
-    whether they are one row or several (the choice stated in README)."""
+    whether they are one row or several (the choice stated in docs/multi-agent.md)."""
     torch.manual_seed(0)
     new = torch.randn(1, 10)
     old = new + 0.1 * torch.randn(1, 10)

@@ -3,7 +3,7 @@
 Covers both supported releases, whichever is installed: rLLM v0.2.1.post1 (with veRL 0.6.1; servers: the
 adapted 0.6.1 fake) and rLLM v0.3.0-pre (with veRL 0.7.1; servers: the unpatched 0.7.1 fake, weights pushed
 by a fake of veRL's checkpoint manager). Skipped unless rLLM is installed and patched (it is not on PyPI;
-see README "Training on GPUs"). What runs here is rLLM's own code: its ``AsyncAgentExecutionEngine``
+see docs/gpu-rllm.md). What runs here is rLLM's own code: its ``AsyncAgentExecutionEngine``
 constructor (building its real ``VerlEngine`` and veRL's ``AsyncLLMServerManager``),
 ``update_envs_and_agents``, the adapted ``trajectory_generator``, rLLM's own ``Trajectory``/``Step`` types
 behind ``StrandsAgent.trajectory``, and the upstream trainer's ``_transform_agent_trajectories`` and veRL's

@@ -509,7 +509,7 @@ def test_train_aux_calls_reaches_the_episodes_settings(qwen25_template) -> None:
         assert runner.settings(SamplingParams()).train_aux_calls is value
 
 
-# -- episodes of several trajectories (README, "Agents that rewrite their history") ------------------------
+# -- episodes of several trajectories (docs/multi-agent.md) ------------------------
 WINDOWED = {"agent_args": {"agent_factory": "agentboost.environments.arithmetic:windowed_agent"}}
 
 

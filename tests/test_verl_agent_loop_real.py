@@ -1,6 +1,6 @@
 """The ``strands_agent`` loop inside the real verl 0.9.1 (skipped without it: CI has no verl).
 
-Run in verl 0.9's own environment (README "verl-native route", "On CPU"; CI's second venv)::
+Run in verl 0.9's own environment (docs/gpu-verl.md, "On CPU"; CI's second venv)::
 
     python -m pytest tests/test_verl_agent_loop_real.py -q
 

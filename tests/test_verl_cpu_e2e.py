@@ -122,7 +122,7 @@ def test_checkpoint_resumes_for_a_third_step_and_exports_to_hf(sync_run, assets)
     third = run(assets, sync_run.spec.workdir, "sync", steps=3, resume=True)
     assert [s["training/global_step"] for s in third.steps] == [3], third.log_tail()
     assert third.checkpoints() == [1, 2, 3]
-    # verl's model merger turns the FSDP checkpoint into a HF model (README: export)
+    # verl's model merger turns the FSDP checkpoint into a HF model (docs/gpu-verl.md: export)
     exported = {}
     for step in (1, 3):
         target = sync_run.spec.workdir / f"hf-{step}"
@@ -166,8 +166,8 @@ def test_async_modes_train_with_strands_metrics(assets, tmp_path, mode: str) -> 
 
 
 def test_episodes_of_several_trajectories_train_under_the_v1_trainer(assets, tmp_path) -> None:
-    """README, "Agents that rewrite their history, and multi-agent runs": a hook that retries the first model
-    call makes every episode two trajectories whatever the tiny model answers (the retry's history no longer
+    """docs/multi-agent.md ("Agents that rewrite their history, and multi-agent runs"): a hook that retries the
+    first model call makes every episode two trajectories whatever the tiny model answers (the retry's history no longer
     holds the first response); the loop returns one output per trajectory,
     verl's V1 trainer stores and trains both, agentboost_grpo counts each episode once in its group (its
     wrapper of compute_advantage_for_multi_trajectories), and the Strands metrics stay per episode."""

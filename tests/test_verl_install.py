@@ -1,6 +1,6 @@
-"""README's GPU install of the verl route, resolved without GPUs (``pip install --dry-run --report``).
+"""The GPU install of the verl route (docs/gpu-verl.md), resolved without GPUs (``pip install --dry-run --report``).
 
-``.ci/run`` resolves the first GPU command of README "verl-native route" with ``constraints/verl09.txt``
+``.ci/run`` resolves the first GPU command of docs/gpu-verl.md with ``constraints/verl09.txt``
 into a report and points ``AGENTBOOST_VERL09_GPU_REPORT`` at it; without it this file skips. The second
 command (flash-attn) compiles against the installed CUDA torch and cannot be resolved here.
 """

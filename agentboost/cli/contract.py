@@ -1,6 +1,6 @@
 """The contract every ``agentboost`` command keeps with its user, and the checks that keep it.
 
-Exit statuses (README "Troubleshooting"):
+Exit statuses (docs/troubleshooting.md):
 
 * ``0`` done;
 * ``2`` bad input: options, data, references (``module:attr``), a tokenizer or model that cannot be
@@ -123,7 +123,7 @@ _PACKAGE_OF = {
 
 
 def install_command(extra: str) -> str:
-    """How to install ``extra`` (torch itself comes first, from the right index: README "Install")."""
+    """How to install ``extra`` (torch itself comes first, from the right index: docs/install.md)."""
     command = f'pip install "agentboost[{extra}]"'
     return f"pip install torch==2.13.0 && {command}" if extra in ("local", "quickstart") else command
 

@@ -11,7 +11,7 @@ Nothing is dropped: :func:`run_episode` turns every failure into a typed, masked
 episode, and an exception that escapes it anyway (a bug) becomes an ``infra_error`` episode here.
 
 rLLM's trainer takes one row per task sample, so this route trains episodes of one trajectory only: an
-episode whose agent rewrote its history or that ran several agents (README, "Agents that rewrite their
+episode whose agent rewrote its history or that ran several agents (docs/multi-agent.md, "Agents that rewrite their
 history, and multi-agent runs") is kept as a masked ``infra_error`` row that says so (its trajectories
 are counted in ``metadata``), with a warning; the verl route and the built-in trainer train them.
 """

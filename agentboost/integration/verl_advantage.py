@@ -20,7 +20,7 @@ that imports :mod:`agentboost.integration.verl_plugin`: the Hydra override
 ``actor_rollout_ref.model.external_lib=agentboost.integration.verl_plugin`` makes verl import it in every
 process that builds the model config, the trainer's included.
 
-Episodes of several trajectories (README, "Agents that rewrite their history, and multi-agent runs")
+Episodes of several trajectories (docs/multi-agent.md, "Agents that rewrite their history, and multi-agent runs")
 reach verl 0.9's V1 trainer as several outputs of one sample, stored under keys
 ``{uid}_{session_id}_{index}``. verl's ``compute_advantage_for_multi_trajectories``
 (``trainer/ppo/v1/utils.py``) computes one advantage per session for its own ``grpo`` only and hands

@@ -14,7 +14,7 @@ steps), with ``VERL_USE_EXTERNAL_MODULES=agentboost.integration.verl_cpu`` in ev
 A :class:`CpuRun` holds every metric dict verl's ``file`` logger wrote (one per ``logger.log`` call: the
 training steps, with the validation metrics of steps that validated), the log, and the paths.
 ``python -m agentboost.integration.verl_cpu_run [--mode sync|colocate_async|separate_async]`` runs it from the
-command line (README "verl-native route"). Needs verl 0.9.1 (its own environment).
+command line (docs/gpu-verl.md, "verl-native route"). Needs verl 0.9.1 (its own environment).
 """
 
 from __future__ import annotations

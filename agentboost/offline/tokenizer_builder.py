@@ -165,7 +165,7 @@ SPECS: dict[str, TokenizerSpec] = {
 ASSETS_ENV = "AGENTBOOST_OFFLINE_ASSETS"
 """Folders (``os.pathsep``-separated) laid out like site-packages where a package's data files are looked up
 when the package itself is not installed: e.g. ``pip install --no-deps --target DIR trl`` gives the chat
-templates to an environment that must not import trl (verl 0.9's, see README "verl-native route")."""
+templates to an environment that must not import trl (verl 0.9's, see docs/gpu-verl.md)."""
 
 
 def package_resource(package: str, resource: str) -> Path:

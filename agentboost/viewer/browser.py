@@ -1,4 +1,4 @@
-"""A headless Chromium driven by Selenium, for the viewer's browser tests and its README screenshot.
+"""A headless Chromium driven by Selenium, for the viewer's browser tests and its docs screenshot.
 
 Uses the system's ``chromium`` and ``chromedriver`` (Debian: ``apt-get install chromium
 chromium-driver``) and never downloads a browser or a driver.

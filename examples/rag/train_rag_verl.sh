@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO on multi-hop QA (HotpotQA) with a Strands agent + retrieve tool: verl-native route
 # (verl 0.9.1's own `python -m verl.trainer.main_ppo` with agentboost's strands_agent agent loop; no rLLM,
-# nothing patched; its own environment: README "verl-native route", constraints/verl09.txt).
+# nothing patched; its own environment: docs/gpu-verl.md, constraints/verl09.txt).
 # The retrieval server must be running: AGENTBOOST_RETRIEVAL_URL (default http://127.0.0.1:8010).
 # Data first: python examples/rag/prepare_rag_data.py --verl-out   (writes data/strands_rag/verl/*.parquet)
 # One 8-GPU node by default, verl's synchronous trainer; ASYNC=1 overlaps rollout and training on the same

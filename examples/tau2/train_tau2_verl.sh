@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GRPO on tau2-bench airline/retail with a Strands agent (one tau2 DB per episode, tau2's own reward): verl-native route
 # (verl 0.9.1's own `python -m verl.trainer.main_ppo` with agentboost's strands_agent agent loop; no rLLM,
-# nothing patched; its own environment: README "verl-native route", constraints/verl09.txt).
+# nothing patched; its own environment: docs/gpu-verl.md, constraints/verl09.txt).
 # User side: solo by default. Simulated user (tau2's protocol): an OpenAI-compatible endpoint, e.g.
 #   AGENTBOOST_TAU2_USER_URL=http://user-host:8001/v1 AGENTBOOST_TAU2_USER_MODEL=Qwen/Qwen3-32B bash $0
 # (or prepare the data with --user-url/--user-model). Key: $OPENAI_API_KEY if the endpoint needs one.

@@ -4,7 +4,7 @@
 # User side: solo by default. Simulated user (tau2's protocol): an OpenAI-compatible endpoint, e.g.
 #   AGENTBOOST_TAU2_USER_URL=http://user-host:8001/v1 AGENTBOOST_TAU2_USER_MODEL=Qwen/Qwen3-32B bash $0
 # (or prepare the data with --user-url/--user-model). Key: $OPENAI_API_KEY if the endpoint needs one.
-# Prerequisites: README "Training on GPUs" (stack installed, patches applied, data prepared and registered:
+# Prerequisites: docs/gpu-rllm.md (stack installed, patches applied, data prepared and registered:
 #   python examples/tau2/prepare_tau2_data.py).
 # One 8-GPU node by default. Every knob is an environment variable (examples/common/launch.sh, this example's
 # defaults.sh), e.g. MODEL=... GPUS=4 ROLLOUT_N=16; arguments are appended as Hydra overrides;
