@@ -8,6 +8,7 @@ like any page's.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,10 @@ def test_the_site_builds_strictly_with_the_readme_home_and_the_api_reference(tmp
     api = (tmp_path / "site" / "reference" / "rollout" / "index.html").read_text(encoding="utf-8")
     assert 'id="agentboost.rollout.run_episode"' in api and "RolloutSettings" in api  # from the docstrings
     assert (tmp_path / "site" / "assets" / "quickstart_curves.png").is_file()  # docs/assets: the repository's
+    for page in (tmp_path / "site" / "reference").glob("*/index.html"):  # docstrings' Sphinx roles read as code
+        assert not re.search(r":(mod|class|func|meth|attr):<code>|<code>~", page.read_text(encoding="utf-8")), page
+    example = (tmp_path / "site" / "examples" / "tau2" / "index.html").read_text(encoding="utf-8")
+    assert "Every episode gets a <strong>fresh tau2 domain environment</strong>" in example  # examples/tau2/README.md
     assert not (tmp_path / "site" / "hooks.py").exists() and not (tmp_path / "site" / "assets" / "diagram.py").exists()
 
 
@@ -47,6 +52,7 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path) -> None:
     shutil.copytree(ROOT / "docs", copy / "docs", symlinks=True)
     (copy / "assets").symlink_to(ROOT / "assets")
     (copy / "agentboost").symlink_to(ROOT / "agentboost")
+    (copy / "examples").symlink_to(ROOT / "examples")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     (copy / "README.md").write_text(readme + "\nSee [the pool](docs/pool.md#no-such-heading).\n", encoding="utf-8")
     page = copy / "docs" / "sandbox.md"
