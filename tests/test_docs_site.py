@@ -37,7 +37,9 @@ def test_the_site_builds_strictly_with_the_readme_home_and_the_api_reference(tmp
     assert "Two commands" in home and 'href="your-agent/"' in home  # README, its docs/ links made relative
     api = (tmp_path / "site" / "reference" / "rollout" / "index.html").read_text(encoding="utf-8")
     assert 'id="agentboost.rollout.run_episode"' in api and "RolloutSettings" in api  # from the docstrings
-    assert (tmp_path / "site" / "assets" / "quickstart_curves.png").is_file()  # docs/assets: the repository's
+    assert (tmp_path / "site" / "assets" / "quickstart_curves.png").is_file()  # assets/, the figures' home
+    curves = (tmp_path / "site" / "train-one-machine" / "index.html").read_text(encoding="utf-8")
+    assert 'src="../assets/quickstart_curves.png"' in curves  # the page's ../assets/ (GitHub's view), on the site
     for page in (tmp_path / "site" / "reference").glob("*/index.html"):  # docstrings' Sphinx roles read as code
         assert not re.search(r":(mod|class|func|meth|attr):<code>|<code>~", page.read_text(encoding="utf-8")), page
     example = (tmp_path / "site" / "examples" / "tau2" / "index.html").read_text(encoding="utf-8")
