@@ -71,7 +71,7 @@ from .errors import (
     TrajectoryDivergence,
 )
 from .tool_executor import ToolClock
-from .types import Budget, SamplingParams, Termination
+from .types import Budget, SamplingParams, Termination, call_seed
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +155,8 @@ class _EpisodeState:
     """The first error a model call of the episode raised (a server failure, a divergence, a budget stop):
     what ends the episode, also where Strands turned it into a tool result (an agent used as a tool) or a
     failed node (a Swarm); every later call raises it again."""
+    requests: int = 0
+    """Requests sent so far: request ``k`` of a seeded episode is sent the seed ``call_seed(seed, k)``."""
     synthetic_messages: int = 0
     model_time_s: float = 0.0
     server_busy_since: float = 0.0
@@ -439,10 +441,14 @@ class TokenModel(Model):
 
         with st.lock:  # (agents a sync tool builds run their calls on other threads, on this same record)
             pending = self._prepare(messages, tool_specs, system, key, agent)
+            number, st.requests = st.requests, st.requests + 1
         max_tokens = self._max_tokens(pending)
+        sampling = self.sampling
+        if sampling.seed is not None:  # every call draws its own numbers
+            sampling = sampling.replace(seed=call_seed(sampling.seed, number))
         request = GenerationRequest(
             prompt_ids=pending.prompt,
-            sampling=self.sampling,
+            sampling=sampling,
             max_tokens=max_tokens,
             request_id=episode.id,
             stop_token_ids=self.template.stop_token_ids,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -69,7 +70,9 @@ class SamplingParams:
     """Sampling settings sent with every generation request of an episode.
 
     ``logprobs`` asks the backend for the log-probability of each sampled token (vLLM's default
-    semantics: log-softmax of the raw logits, before temperature/top-p processing).
+    semantics: log-softmax of the raw logits, before temperature/top-p processing). ``seed`` is the
+    episode's: each model call of the episode is sent its own seed, :func:`call_seed` of it and the
+    call's number.
     """
 
     temperature: float = 1.0
@@ -102,6 +105,14 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> SamplingParams:
         return cls(**(data or {}))
+
+
+def call_seed(seed: int, call: int) -> int:
+    """The seed sent with request ``call`` (0, 1, ...) of an episode seeded ``seed``. A backend seeds a
+    request by its seed alone (vLLM does): calls sharing the episode's seed would draw the same numbers,
+    and calls whose prompts are equal (a sliding window) the same sample. In ``[0, 2**63)`` (vLLM's int64)."""
+    digest = hashlib.blake2b(f"{seed}:{call}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass(frozen=True)

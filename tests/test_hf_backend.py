@@ -261,3 +261,51 @@ def test_only_caches_of_plain_key_value_layers_drop_finished_rows() -> None:
     assert _compactable(cache)
     cache.layers = [DynamicLayer(), HybridLayer()]
     assert not _compactable(cache)
+
+
+def test_each_call_of_a_seeded_episode_draws_from_its_own_seed(tiny) -> None:
+    """Issue 38 (3): a window of 2 messages makes an agent's later calls send the identical prompt; seeded
+    by the episode's seed and the prompt's length they drew the identical sample. Seeded by (episode
+    seed, call), each draws its own."""
+    import dataclasses
+
+    from strands import Agent
+    from strands.agent.conversation_manager import SlidingWindowConversationManager
+
+    from agentboost.agents.strands_agent import StrandsAgent
+    from agentboost.backends.base import GenerationResult
+    from agentboost.chat.template import ChatTemplate
+    from agentboost.environments.strands_env import StrandsEnv
+    from agentboost.rollout import RolloutSettings, run_episode
+    from agentboost.types import Budget, Termination
+
+    from .helpers import add, calls_text
+
+    model, tok = tiny
+    template = ChatTemplate(tok)
+    real = HFLocalBackend(model)
+    drawn: list[tuple[list[int], list[int], int]] = []
+
+    class Tee:  # samples with the real backend, then answers the agent from a script (8 calls)
+        async def generate(self, request):
+            sample = await real.generate(dataclasses.replace(request, max_tokens=6))
+            drawn.append((request.prompt_ids, sample.token_ids, request.sampling.seed))
+            text = calls_text(template.parser.name, [("add", {"a": 1, "b": 1})]) if len(drawn) < 8 else "2"
+            ids = [*template.encode(text), template.info.eot_token_id]
+            return GenerationResult(token_ids=ids, finish_reason="stop", logprobs=[-0.1] * len(ids))
+
+    def factory(*, model, tools, task, **defaults):
+        window = SlidingWindowConversationManager(window_size=2, per_turn=True)
+        return Agent(model=model, tools=tools, **{**defaults, "conversation_manager": window})
+
+    env = StrandsEnv({"prompt": "Add one and one."}, tools=[add], reward_fn=lambda t, e: 1.0)
+    sampling = SamplingParams(temperature=1.0, seed=7, max_tokens_per_call=64)
+    settings = RolloutSettings(sampling=sampling, budget=Budget(max_turns=10))
+    episode = asyncio.run(run_episode(env, StrandsAgent(factory), Tee(), template, settings))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert len(drawn) == len(episode.calls) == 8
+    prompts = [tuple(p) for p, _, _ in drawn]
+    repeated = [i for i, p in enumerate(prompts) if prompts.count(p) > 1]
+    assert len(repeated) >= 5, "the window sends one prompt again and again"
+    assert len({tuple(drawn[i][1]) for i in repeated}) == len(repeated), "each call draws its own sample"
+    assert len({seed for _, _, seed in drawn}) == 8

@@ -197,10 +197,9 @@ class HFLocalBackend:
         shared = self._shared_prefill(requests)
         generators = []
         for r in requests:
-            if r.sampling.seed is not None:
+            if r.sampling.seed is not None:  # the request's own (a TokenModel sends each call its own)
                 g = torch.Generator(device="cpu")
-                # Mix in the prompt length so the calls of one episode draw different numbers.
-                g.manual_seed((int(r.sampling.seed) * 1_000_003 + len(r.prompt_ids)) % (2**63))
+                g.manual_seed(int(r.sampling.seed) % (2**63))
                 generators.append(g)
             else:
                 generators.append(None)
