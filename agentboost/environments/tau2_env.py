@@ -43,7 +43,7 @@ from typing import Any
 
 from ..episode import Episode
 from ..rewards import tau2 as tau2_reward
-from ..types import RewardOutput
+from ..types import RewardOutput, Termination
 from .strands_env import StrandsEnv
 from .tau2_domain import (
     AGENT_STOP_TOKEN,
@@ -374,7 +374,32 @@ class Tau2Env(StrandsEnv):
     async def compute_reward(self, episode: Episode) -> RewardOutput:
         if self.reward_fn is not None:
             return await super().compute_reward(episode)
-        return await asyncio.to_thread(tau2_reward.evaluate_episode, self, episode)
+        return await asyncio.to_thread(self._official_reward, episode)
+
+    def episode_ending(self, episode: Episode) -> str:
+        """How tau2 would see the end of the episode: agent stop, user stop, or premature."""
+        if episode.termination is not Termination.COMPLETED:
+            return tau2_reward.PREMATURE
+        user = self.user
+        if user is None or user.stopped_by == "agent":
+            return tau2_reward.AGENT_STOP
+        if user.premature or user.stopped_by is None:
+            return tau2_reward.PREMATURE
+        return tau2_reward.USER_STOP
+
+    def _official_reward(self, episode: Episode) -> RewardOutput:
+        """tau2's criteria (its evaluator unless the row asks for the port) on the finished episode."""
+        greeting = FIRST_AGENT_MESSAGE if self.user is not None else None
+        turns = tau2_reward.conversation(episode, self.records, greeting=greeting)
+        ending = self.episode_ending(episode)
+        if self.task.get("evaluator", "official") == "port":
+            result = tau2_reward.port_reward(self.domain, self.tau2_task, turns, self.environment, ending=ending)
+        else:
+            result = tau2_reward.official_reward(self.domain, self.tau2_task, turns, ending=ending)
+        reward = float(result["reward"])
+        metrics = {k: float(v) for k, v in result.items() if isinstance(v, int | float) and k != "reward"}
+        metrics["user_turns"] = float(self.user.turns) if self.user is not None else 0.0
+        return RewardOutput(reward, metrics=metrics, is_correct=reward >= 1.0)
 
     def close(self) -> None:
         super().close()

@@ -30,21 +30,19 @@ tau2's three evaluator components (``EnvironmentEvaluator``, ``ActionEvaluator``
 ``CommunicateEvaluator``, none of which imports LiteLLM) and combines them as above
 (``official_full`` metric: 1 or 0). :func:`port_reward` applies the rules directly to the recorded
 calls and the agent's live environment, without tau2's evaluator code; the tests check that both
-agree. Episodes use the official evaluator unless the row says ``evaluator: port``.
+agree. Episodes use the official evaluator unless the row says ``evaluator: port``
+(:meth:`agentboost.environments.tau2_env.Tau2Env.compute_reward`, which hands this module the conversation,
+how it ended and the environment: this module does not import the environment).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..environments.tau2_domain import FIRST_AGENT_MESSAGE, ToolRecord, environment_constructor, new_domain_environment
+from ..environments.tau2_domain import ToolRecord, environment_constructor, new_domain_environment
 from ..episode import Episode
-from ..types import RewardOutput, Termination
-
-if TYPE_CHECKING:
-    from ..environments.tau2_env import Tau2Env
 
 logger = logging.getLogger(__name__)
 
@@ -236,29 +234,3 @@ def official_reward(
     nl = tau2_task.evaluation_criteria.nl_assertions if tau2_task.evaluation_criteria is not None else None
     out["nl_assertions_skipped"] = float(len(nl or []))
     return out
-
-
-def episode_ending(env: Tau2Env, episode: Episode) -> str:
-    """How tau2 would see the end of the episode: agent stop, user stop, or premature."""
-    if episode.termination is not Termination.COMPLETED:
-        return PREMATURE
-    user = env.user
-    if user is None or user.stopped_by == "agent":
-        return AGENT_STOP
-    if user.premature or user.stopped_by is None:
-        return PREMATURE
-    return USER_STOP
-
-
-def evaluate_episode(env: Tau2Env, episode: Episode) -> RewardOutput:
-    """The reward of a finished Tau2Env episode (official evaluator unless the row asks for the port)."""
-    turns = conversation(episode, env.records, greeting=FIRST_AGENT_MESSAGE if env.user is not None else None)
-    ending = episode_ending(env, episode)
-    if env.task.get("evaluator", "official") == "port":
-        result = port_reward(env.domain, env.tau2_task, turns, env.environment, ending=ending)
-    else:
-        result = official_reward(env.domain, env.tau2_task, turns, ending=ending)
-    reward = float(result["reward"])
-    metrics = {k: float(v) for k, v in result.items() if isinstance(v, int | float) and k != "reward"}
-    metrics["user_turns"] = float(env.user.turns) if env.user is not None else 0.0
-    return RewardOutput(reward, metrics=metrics, is_correct=reward >= 1.0)

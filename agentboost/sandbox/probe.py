@@ -3,6 +3,9 @@
 The probe program (:func:`.report.probe_program`) runs on the first interpreter that can run in the
 sandbox; its output and the launcher's notes become the report (:func:`.report.layers`). Where zygotes are
 wanted, the same probe then runs through one: runs fork from zygotes only if that gives the same layers.
+
+The sandbox hands itself in; what the probe reads and sets of it is :class:`ProbedSandbox` (so this module
+does not import :mod:`.sandbox`, which imports it).
 """
 
 from __future__ import annotations
@@ -11,21 +14,58 @@ import asyncio
 import contextlib
 import json
 import secrets
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .config import SandboxResult
+from .cgroups import Cgroups, RunCgroup
+from .config import SandboxConfig, SandboxResult
 from .paths import inside, interpreter_candidates
 from .report import LAYERS, namespaces_of_this_process, probe_program, session_keyring
 from .report import layers as report_layers
-from .rootfs import RootPlanError, plan_for
-from .zygote import ZygoteError, precompile
-
-if TYPE_CHECKING:
-    from .sandbox import Sandbox, _Run
+from .rootfs import RootPlan, RootPlanError, plan_for
+from .uids import UidLease
+from .zygote import Zygote, ZygoteError, ZygotePool, precompile
 
 
-def probe(box: Sandbox) -> dict[str, Any]:
+class LaunchedRun(Protocol):
+    cgroup: RunCgroup | None
+
+
+class ProbedSandbox(Protocol):
+    """What the probe uses of :class:`~agentboost.sandbox.sandbox.Sandbox`: it reads the configuration and
+    sets the interpreter, the root plan, the cgroups and the zygote pool that the probe run found to work."""
+
+    config: SandboxConfig
+    _root: Path
+    _hide: list[str]
+    _is_root: bool
+    _python: str | None
+    _plan: RootPlan | None
+    _cgroups: Cgroups | None
+    _cgroup_why: str
+    _zygotes: ZygotePool | None
+
+    def _find_cgroups(self) -> tuple[Cgroups | None, str]: ...
+    def _program_argv(self, python: str, script: str = ...) -> list[str]: ...
+    def _new_zygote(self, python: str, locale: list[Any]) -> Zygote: ...
+    def _new_pool(self, python: str, locale: list[Any]) -> ZygotePool: ...
+    async def _lease_uid(self, slot: int) -> UidLease | None: ...
+    async def _run(
+        self,
+        code: str,
+        stdin: str,
+        timeout_s: float,
+        uid: UidLease | None,
+        python: str,
+        *,
+        stdout_cap: int | None = ...,
+        zygotes: bool = ...,
+        on_launch: Callable[[Any], None] | None = ...,
+    ) -> SandboxResult: ...
+
+
+def probe(box: ProbedSandbox) -> dict[str, Any]:
     """The isolation report (see :meth:`Sandbox.isolation`): a probe run on the first interpreter that runs,
     then, where zygotes are wanted, the same probe through one."""
     c = box.config
@@ -63,7 +103,7 @@ def probe(box: Sandbox) -> dict[str, Any]:
 
 
 def _check_zygote(  # noqa: PLR0917 - private, called once
-    box: Sandbox, iso: dict[str, Any], python: str, canary: Path, marker: Path, plan_notes: list[str]
+    box: ProbedSandbox, iso: dict[str, Any], python: str, canary: Path, marker: Path, plan_notes: list[str]
 ) -> bool:
     """Start a zygote and probe again through it: runs fork from zygotes only if they give the same
     layers (and only where a PID namespace with a private ``/proc`` keeps them out of their reach)."""
@@ -102,7 +142,7 @@ def _check_zygote(  # noqa: PLR0917 - private, called once
     return True
 
 
-async def _probe_run(box: Sandbox, python: str, canary: Path, marker: Path) -> tuple[SandboxResult, str | None]:
+async def _probe_run(box: ProbedSandbox, python: str, canary: Path, marker: Path) -> tuple[SandboxResult, str | None]:
     allowed: dict[str, list[str]] = {}  # what a hidden directory may show: the way to the interpreter
     visible = box._plan.visible if box._plan else ()
     for hidden in box._hide:
@@ -111,7 +151,7 @@ async def _probe_run(box: Sandbox, python: str, canary: Path, marker: Path) -> t
     uid = await box._lease_uid(0)
     groups: list[str | None] = []  # the probe run's cgroup, to find it in the program's /proc/self/cgroup
 
-    def launched(run: _Run) -> None:
+    def launched(run: LaunchedRun) -> None:
         groups.append(run.cgroup.name if run.cgroup else None)
 
     try:
@@ -123,7 +163,7 @@ async def _probe_run(box: Sandbox, python: str, canary: Path, marker: Path) -> t
 
 
 def _layers(
-    box: Sandbox, python: str, result: SandboxResult, plan_notes: list[str], group: str | None
+    box: ProbedSandbox, python: str, result: SandboxResult, plan_notes: list[str], group: str | None
 ) -> dict[str, Any]:
     data = json.loads(result.stdout.strip().splitlines()[-1])
     host = {"ns": namespaces_of_this_process(), "keyring": session_keyring()}
