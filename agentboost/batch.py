@@ -13,7 +13,9 @@ rewrote its history or that ran several agents is one row per trajectory (``row_
 episode of each row), each with the reward of its agent (:meth:`Episode.reward_of`) on its last
 token. Trajectories a setting leaves out of training (``TrajectoryInfo.trained``) are not rows.
 :func:`row_advantages` gives every row its episode's GRPO advantage, computed over the episodes of the
-task's group (not over rows: an episode of many trajectories counts once in its group).
+task's group (not over rows: an episode of many trajectories counts once in its group). An episode with no
+loss token in any of its rows (none of its trajectories trained, or no model token at all) is out of its
+group's baseline like a masked one, on every route: it carries no gradient and gives no baseline.
 
 Failed episodes are never dropped: an episode with no tokens at all becomes one pad prompt token and
 one pad response token, all masked, reward 0. A row that does not fit ``P``/``R`` is cut (prompt: its
@@ -46,6 +48,7 @@ class Batch:
     group_ids: list[str]
     terminations: list[str]
     masked: list[bool]
+    """Per row: its episode is out of training and of its group's baseline (:attr:`episode_masked`)."""
     truncated: list[bool] = field(default_factory=list)
     row_episode: list[int] = field(default_factory=list)
     """Per row: the index of its episode in the list given to :func:`episodes_to_batch`."""
@@ -56,6 +59,9 @@ class Batch:
     episode_rewards: list[dict[str, float]] = field(default_factory=list)
     """Per episode: ``{"": reward, agent: role reward, ...}`` (0 for masked episodes)."""
     episode_masked: list[bool] = field(default_factory=list)
+    """Per episode: out of its group's baseline, advantage 0. Masked (a failure, or cut by the batch), or with no
+    loss token in any row: no trained trajectory (a re-sampled sibling's, aux calls with ``train_aux_calls``
+    off), no model token. verl's estimators read the same rule from the loss mask."""
     episode_groups: list[str] = field(default_factory=list)
 
     @property
@@ -167,6 +173,10 @@ def episodes_to_batch(
     attention = torch.cat([prompt_attn, resp_attn], dim=1)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0) * attention
     episode_groups = [group_of(e) for e in episodes]
+    trained = [False] * len(episodes)  # episodes with a loss token: the only ones in their group's baseline
+    for (e_index, *_), has_loss in zip(rows, mask_t.any(dim=1).tolist(), strict=True):
+        trained[e_index] = trained[e_index] or has_loss
+    out = [e.masked or not trained[i] for i, e in enumerate(episodes)]
     return Batch(
         input_ids=torch.cat([prompt_t, resp_t], dim=1),
         attention_mask=attention,
@@ -180,13 +190,13 @@ def episodes_to_batch(
         episode_ids=[episodes[r[0]].id for r in rows],
         group_ids=[episode_groups[r[0]] for r in rows],
         terminations=[episodes[r[0]].termination.value for r in rows],
-        masked=[episodes[r[0]].masked or r[0] in cut_reasons for r in rows],
+        masked=[out[r[0]] for r in rows],
         truncated=[r[0] in cut_reasons for r in rows],
         row_episode=[r[0] for r in rows],
         row_agent=row_agent,
         row_trajectory=row_trajectory,
         episode_rewards=[_episode_rewards(e) for e in episodes],
-        episode_masked=[e.masked for e in episodes],
+        episode_masked=out,
         episode_groups=episode_groups,
     )
 
@@ -207,7 +217,8 @@ def row_advantages(batch: Batch, *, eps: float = 1e-6, normalize_std: bool = Tru
     runs"). Computed over the unmasked episodes of the row's group, on the reward of the row's agent
     (the episode's reward unless the reward function gave that agent its own), then given to every row
     of the episode of that agent: an episode counts once in its group however many trajectories it has.
-    Masked episodes are out of their group and get 0, and so does an episode with no unmasked sibling."""
+    Masked episodes and episodes without a loss token (:attr:`Batch.episode_masked`) are out of their group and
+    get 0, and so does an episode with no such sibling."""
     import torch
 
     from .train.grpo import group_advantages

@@ -9,11 +9,11 @@ gives advantage 0 to a row with fewer than 2 usable rows in its group.
 verl hands a registered estimator only tensors (``verl/trainer/ppo/ray_trainer.py``,
 ``compute_advantage``: ``token_level_rewards``, ``response_mask``, ``config``, ``index`` = the prompt
 ``uid``), so "masked" is read from the loss mask: **a row with no loss token is out of its group**.
-That covers every masked Strands episode (its ``response_mask`` is all zero, its reward 0) and verl's
-own synthetic padding rows (``padding_utils.construct_minimal_padding_template``: mask 0, reward 0). It
-also covers the one unmasked ending that can have no model token (a policy ``timeout`` before the first
-model call), which the 0.6.1 route would have kept in the baseline with its reward; it carries no
-gradient either way.
+That covers every masked Strands episode (its ``response_mask`` is all zero, its reward 0), verl's own
+synthetic padding rows (``padding_utils.construct_minimal_padding_template``: mask 0, reward 0), an episode
+none of whose trajectories is trained (its one placeholder row keeps its reward, mask 0) and one without a
+model token (a policy ``timeout`` before the first call): the rule of the built-in trainer and the rLLM
+route too (:attr:`agentboost.batch.Batch.episode_masked`). A batch without any loss token is warned about.
 
 The estimator is registered by :func:`register` through verl's ``register_adv_est``, in every process
 that imports :mod:`agentboost.integration.verl_plugin`: the Hydra override
@@ -68,12 +68,23 @@ def masked_grpo_advantage(
     with torch.no_grad():
         scores = token_level_rewards.sum(dim=-1)
         masked = (response_mask.sum(dim=-1) == 0).tolist()
+        warn_if_nothing_trains(masked)
         groups = [str(uid) for uid in (index.tolist() if hasattr(index, "tolist") else list(index))]
         advantages = group_advantages(
             scores, groups, masked, eps=epsilon, normalize_std=bool(_option(config, "norm_adv_by_std_in_grpo", True))
         )
         advantages = advantages.to(token_level_rewards.dtype).unsqueeze(-1) * response_mask
     return advantages, advantages
+
+
+def warn_if_nothing_trains(masked: list[bool]) -> bool:
+    """Warn when no row (session) of the batch has a loss token; whether it warned. verl would still run the
+    update: its token-mean divides by zero loss tokens, and the non-finite gradient norm makes it skip the step."""
+    if masked and all(masked):
+        logger.warning("no loss token in this training batch (every episode masked or without a trained "
+                       "trajectory): the step trains nothing")  # fmt: skip
+        return True
+    return False
 
 
 def session_advantages(
@@ -100,6 +111,7 @@ def session_advantages(
         session_scores = torch.stack([scores[last[n][1]] for n in names])
         tokens = response_mask.sum(dim=-1)
         masked = [bool(sum(float(tokens[r]) for r in sessions[n]) == 0) for n in names]
+        warn_if_nothing_trains(masked)
         values = group_advantages(
             session_scores, [uids[n] for n in names], masked, eps=epsilon,
             normalize_std=bool(_option(config, "norm_adv_by_std_in_grpo", True)),

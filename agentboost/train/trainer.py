@@ -262,6 +262,11 @@ class GRPOTrainer:
             )
         metrics["advantage_abs_mean"] = float(advantages.abs().mean())
         metrics["groups_with_signal"] = float(_groups_with_signal(batch))
+        if not n_loss:
+            logger.warning("step %d: no loss token in the batch (every episode masked or without a trained "
+                           "trajectory): no update", self.step + 1)  # fmt: skip
+            metrics["skipped_update"] = 1.0
+            return metrics
         if not bool((advantages != 0).any()) and ref is None:
             # No group has a reward spread: the gradient is zero, and an Adam step would still move
             # the weights along stale momentum. Skip the update.
