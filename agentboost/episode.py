@@ -112,15 +112,16 @@ class TrajectoryInfo:
     """Why it opened: ``start`` (the episode's first call), ``new_agent`` (the first call of another
     agent or a side call), ``history_rewritten`` (its agent's history is no longer an extension of what
     the model saw: trimmed, summarised, edited, or a completed call retried), ``system_prompt_changed``,
-    ``tools_changed``."""
+    ``tools_changed``, ``sampling_changed`` (the call samples otherwise than its trajectory's earlier
+    calls)."""
     detail: str = ""
     rerendered_tokens: int = 0
     """Prompt tokens that render again what an earlier trajectory of the same agent already held (the
     whole prompt of a trajectory that re-opens an agent's conversation; 0 for the first trajectory of
     an agent)."""
     trained: bool = True
-    """False for the calls a setting leaves out of training (``RolloutSettings.train_aux_calls``): kept
-    in the record, never a training row."""
+    """False for calls sampled otherwise than the episode's policy and for the calls a setting leaves out
+    of training (``RolloutSettings.train_aux_calls``): kept in the record, never a training row."""
     messages: list[dict[str, Any]] | None = None
     """The messages this trajectory's calls were given, with its last response (Strands format). None
     for an episode of one trajectory of one agent, whose messages are ``Episode.messages``."""

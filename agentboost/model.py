@@ -15,9 +15,10 @@ keeps per agent). A call continues its conversation's trajectory only if the his
 an extension of what the previous call saw: the same system prompt and tools, the same messages
 (compared whole), the previous response, then new messages. Anything else (a conversation manager
 trimmed or summarised the history, a hook edited it or retried a completed call, the system prompt or
-tools changed) closes that trajectory and opens a new one whose prompt renders the whole history; so
-does the first call of another agent (an agent used as a tool, a Swarm or Graph node) or a call made
-without an agent (a summariser calling the model directly). Every trajectory stays token-exact.
+tools changed, the call samples otherwise than the trajectory's earlier calls) closes that trajectory
+and opens a new one whose prompt renders the whole history; so does the first call of another agent
+(an agent used as a tool, a Swarm or Graph node) or a call made without an agent (a summariser calling
+the model directly). Every trajectory stays token-exact.
 
 Tool calls are parsed client-side, strictly (:mod:`agentboost.chat.parsers`). Malformed, unclosed
 and unknown-tool calls are turned into error tool results the agent sees (through a Strands
@@ -107,6 +108,8 @@ class _Conversation:
     """(text, tool use ids) of the last response: the next call's history must hold it right after ``seen``."""
     response_message: dict[str, Any]
     """The last response as a Strands message (what the trajectory record shows)."""
+    sampling: SamplingParams
+    """What its calls were sampled with: a call sampled otherwise opens a new trajectory."""
 
 
 @dataclass
@@ -123,6 +126,8 @@ class _Pending:
     tools: list[dict[str, Any]] | None
     messages: list[dict[str, Any]]
     agent: str
+    sampling: SamplingParams
+    """What it is sampled with (the model's settings when it was prepared)."""
 
 
 @dataclass
@@ -211,7 +216,8 @@ class TokenModel(Model):
         sampling settings: for a sub-agent that samples differently. Its calls are this episode's; with
         sampling other than the episode's (temperature, top-p/k, min-p, repetition penalty, log-probs) its
         trajectories are recorded but not trained (``TrajectoryInfo.trained``): a trainer scores every row
-        at the policy's own temperature from its sampling log-probs."""
+        at the policy's own temperature from its sampling log-probs. (The same holds for any TokenModel
+        whose ``update_config`` changed its sampling: checked on every call.)"""
         twin = object.__new__(TokenModel)
         twin._st = self._st
         twin.sampling = sampling or self.sampling
@@ -440,10 +446,10 @@ class TokenModel(Model):
             raise EpisodeTimeout(f"wall-clock budget of {self.budget.wall_clock_s}s used up")
 
         with st.lock:  # (agents a sync tool builds run their calls on other threads, on this same record)
-            pending = self._prepare(messages, tool_specs, system, key, agent)
+            pending = self._prepare(messages, tool_specs, system, key, agent, sampling=self.sampling)
             number, st.requests = st.requests, st.requests + 1
         max_tokens = self._max_tokens(pending)
-        sampling = self.sampling
+        sampling = pending.sampling
         if sampling.seed is not None:  # every call draws its own numbers
             sampling = sampling.replace(seed=call_seed(sampling.seed, number))
         request = GenerationRequest(
@@ -515,9 +521,12 @@ class TokenModel(Model):
         system: str | None,
         key: Any,
         agent: str,
+        *,
+        sampling: SamplingParams,
     ) -> _Pending:
         """What this call sends: its conversation's context plus the new messages when the history
-        extends it, else a new trajectory's prompt rendering the whole history."""
+        extends it and the call samples as its trajectory's calls did, else a new trajectory's prompt
+        rendering the whole history."""
         st = self._st
         tools = tool_specs_to_openai(tool_specs)
         conversation = st.conversations.get(key)
@@ -526,19 +535,24 @@ class TokenModel(Model):
         reason, detail = "start" if not st.episode.calls and not st.conversations else "new_agent", ""
         if conversation is not None:
             reason, detail = _extension(conversation, messages, system, tools)
+            before = conversation.sampling
+            if not reason and not (sampling is before or _samples_like(sampling, before)):
+                reason = "sampling_changed"
+                detail = f"sampled otherwise than its trajectory's calls ({_sampling_change(before, sampling)})"
             if not reason:
                 new = messages[len(conversation.seen) + 1 :]
                 st.synthetic_messages += sum(1 for m in new if m.get("role") == "assistant")
                 last = conversation.context[-1] if conversation.context else None
                 new_ids = self.template.continuation(strands_to_hf(new), last, now=st.started_at)
                 return _Pending(key, conversation, None, new_ids, conversation.context + new_ids,
-                                system, tools, list(messages), agent)  # fmt: skip
+                                system, tools, list(messages), agent, conversation.sampling)  # fmt: skip
         hf = system_message(system) + strands_to_hf(messages)
         new_ids = self.template.initial_prompt(hf, tools, now=st.started_at)
-        own = _samples_like(self.sampling, st.policy_sampling)
+        own = _samples_like(sampling, st.policy_sampling)
         if not own:
             detail = (f"{detail}; " if detail else "") + (
-                "sampled with other settings than the episode's (a sibling's): recorded, not trained"
+                f"sampled otherwise than the episode's policy ({_sampling_change(st.policy_sampling, sampling)}): "
+                "recorded, not trained"
             )
         info = TrajectoryInfo(
             agent=agent,
@@ -550,7 +564,7 @@ class TokenModel(Model):
         if conversation is not None or st.episode.calls:
             logger.debug("episode %s: %s opens a new trajectory (%s%s)", st.episode.id, agent, reason,
                          f": {detail}" if detail else "")  # fmt: skip
-        return _Pending(key, conversation, info, new_ids, list(new_ids), system, tools, list(messages), agent)
+        return _Pending(key, conversation, info, new_ids, list(new_ids), system, tools, list(messages), agent, sampling)
 
     def _max_tokens(self, pending: _Pending) -> int:
         """This call's ``max_tokens``: what its trajectory's budgets leave. Raises when nothing is left."""
@@ -566,8 +580,8 @@ class TokenModel(Model):
         if budget.max_response_tokens is not None:
             prompt_len = context_len if opening else pending.previous.prompt_len  # type: ignore[union-attr]
             max_tokens = min(max_tokens, budget.max_response_tokens - (context_len - prompt_len))
-        if self.sampling.max_tokens_per_call is not None:
-            max_tokens = min(max_tokens, self.sampling.max_tokens_per_call)
+        if pending.sampling.max_tokens_per_call is not None:
+            max_tokens = min(max_tokens, pending.sampling.max_tokens_per_call)
         if max_tokens >= max(1, budget.min_call_tokens if not self._is_task_prompt(pending) else 1):
             return max_tokens
         if self._is_task_prompt(pending):  # the task alone does not fit: not the policy's doing
@@ -655,6 +669,7 @@ class TokenModel(Model):
             seen=pending.messages,
             response=(text, tool_ids),
             response_message=_response_message(parsed.reasoning, text, calls, tool_ids),
+            sampling=pending.sampling,
         )
         if not truncated and call_index == self.budget.max_turns - 1:
             # The last call the budget allows: its tool calls would run, but their results could
@@ -700,7 +715,7 @@ class TokenModel(Model):
             raise BackendError(f"the backend returned {len(ids)} tokens for max_tokens={request.max_tokens}")
         if result.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
             raise BackendError(f"unexpected finish reason {result.finish_reason!r}")
-        if self.sampling.logprobs:
+        if request.sampling.logprobs:
             if result.logprobs is None:
                 raise BackendError("logprobs were requested but the backend returned none")
             if len(result.logprobs) != len(ids):
@@ -927,14 +942,24 @@ def cap_tool_result(result: dict[str, Any], max_chars: int) -> dict[str, Any]:
     return {**result, "content": kept}
 
 
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "logprobs")
+
+
 def _samples_like(sampling: SamplingParams, policy: SamplingParams | None) -> bool:
     """Whether calls made with ``sampling`` sample the policy as the episode does: a trainer computes every
     row's log-probs at one temperature and reads the sampling log-probs, so a call at another temperature,
     top-p/top-k/min-p or repetition penalty, or without log-probs, is not its data."""
     if policy is None:
         return True
-    keys = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "logprobs")
-    return all(getattr(sampling, k) == getattr(policy, k) for k in keys)
+    return all(getattr(sampling, k) == getattr(policy, k) for k in _SAMPLING_KEYS)
+
+
+def _sampling_change(before: SamplingParams | None, after: SamplingParams) -> str:
+    """What differs between two sampling settings, e.g. ``temperature 1.0 -> 0.2``."""
+    if before is None:
+        return ""
+    return ", ".join(f"{k} {getattr(before, k)} -> {getattr(after, k)}"
+                     for k in _SAMPLING_KEYS if getattr(before, k) != getattr(after, k))  # fmt: skip
 
 
 def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[str, Any] | None) -> tuple[Any, str]:

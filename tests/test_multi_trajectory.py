@@ -569,3 +569,52 @@ def test_a_sibling_that_samples_differently_is_recorded_but_not_trained() -> Non
         assert len(helper) == 1 and helper[0].info.trained is trained, helper[0].info
         assert all(t.info.trained for t in episode.trajectories if t.info.agent == "main")
         assert len(episode_rows(episode)) == (2 if trained else 1)
+
+
+def test_a_call_sampled_otherwise_than_its_trajectory_opens_an_untrained_one() -> None:
+    # Issue 38 (2): a hook changing the model's sampling between two calls of one agent kept one trained
+    # trajectory whose second call was sampled at 0.2 (a trainer scores its tokens at the policy's 1.0)
+    from strands.hooks import BeforeModelCallEvent
+
+    from agentboost.backends.base import GenerationResult
+    from agentboost.batch import episode_rows
+
+    template = template_for("qwen2.5")
+    temperatures: list[float] = []
+
+    class Backend:
+        async def generate(self, request):
+            k = len(temperatures)
+            temperatures.append(request.sampling.temperature)
+            text = tool_call(template, "add", {"a": k, "b": 1}) if k < 3 else "done"
+            ids = [*template.encode(text), template.info.eot_token_id]
+            return GenerationResult(token_ids=ids, finish_reason="stop", logprobs=[-0.1] * len(ids))
+
+    class Cool:  # before call 1: temperature 0.2; before call 2: the policy's again
+        def register_hooks(self, registry, **kwargs):
+            def before(event):
+                calls = len(temperatures)
+                if calls in (1, 2):
+                    event.agent.model.update_config(temperature=0.2 if calls == 1 else 1.0)
+
+            registry.add_callback(BeforeModelCallEvent, before)
+
+    def factory(*, model, tools, task, **defaults):
+        return Agent(model=model, tools=[add], name="main", system_prompt="ROLE=main.", hooks=[Cool()], **defaults)
+
+    episode = _run_direct(template, Backend(), factory, Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert temperatures == [1.0, 0.2, 1.0, 1.0]
+    infos = episode.trajectory_info
+    assert [(i.opened_by, i.trained) for i in infos] == [
+        ("start", True), ("sampling_changed", False), ("sampling_changed", True)
+    ], infos  # fmt: skip
+    assert "temperature 1.0 -> 0.2" in infos[1].detail
+    assert [[c.index for c in t.calls] for t in episode.trajectories] == [[0], [1], [2, 3]]
+    episode.check_invariants()
+    rows = episode_rows(episode)
+    trained = {t.index for t in episode.trajectories if t.trained}
+    assert len(rows) == len(trained) == 2
+    for trajectory in episode.trajectories:  # every loss token was sampled at the policy's temperature
+        if trajectory.index in trained:
+            assert {temperatures[c.index] for c in trajectory.calls} == {1.0}
