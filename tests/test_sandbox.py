@@ -12,6 +12,7 @@ import pytest
 
 from agentboost.sandbox import Sandbox, SandboxConfig
 from agentboost.sandbox.testcases import PASSED, TIMEOUT, WRONG, TestCase, outputs_match, run_test_cases
+from agentboost.sandbox.uids import process_uid
 from agentboost.tools.strands_code_tool import format_report, make_code_tool
 
 
@@ -204,10 +205,9 @@ def _leftovers(uid: int | None) -> list[str]:
 
 
 def _uid_of(pid: str) -> int:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except FileNotFoundError:
-        return -1
+    """(From ``status``: a program is not dumpable, its ``/proc/<pid>`` belongs to root.)"""
+    uid = process_uid(int(pid))
+    return -1 if uid is None else uid
 
 
 # --- test cases and the code tool -------------------------------------------------------

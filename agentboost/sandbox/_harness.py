@@ -84,7 +84,7 @@ from _launcher import (  # inlined here by the host
     _unshare,
     warm,
 )
-from _runner import enter, finish, run  # inlined here by the host
+from _runner import enter, finish, run, seal  # inlined here by the host
 
 _MAX_FRAME = 1 << 30
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
@@ -267,13 +267,13 @@ def _program(setup, code, json):
     except OSError as exc:
         os.write(2, f"batch harness: cannot prepare this input: {exc}\n".encode())
         os._exit(_SETUP_STATUS)
-    _prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # as a freshly started program is
     _drop_capabilities()
     _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.umask(0o077)
     os.chdir(setup["workdir"])
     os.write(3, b"R" + marshal.dumps(_usage(_places(setup))))
     os.close(3)
+    seal(setup["seccomp"])  # the program's filter, on top of the harness's own
     main, shared = enter(_BASELINE, setup["script"], ["main.py"], setup["orig_argv"], setup["env"])
     if json is not None:
         sys.modules["json"] = json  # imported once by the harness: the driver's import finds it

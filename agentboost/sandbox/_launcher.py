@@ -20,7 +20,8 @@ rest of the launcher). It runs before anything untrusted and must not import age
    go the plan's read-only binds (interpreter, standard library, shared libraries; see
    :mod:`agentboost.sandbox.rootfs`), ``/dev/{null,zero,full,random,urandom}``, a private ``/tmp`` and
    ``/dev/shm``, a private ``/proc`` (with the PID namespace) and the working directory: a tmpfs of its
-   own (size- and inode-limited like ``/tmp``) into which the staged files are copied; then the root is
+   own (size- and inode-limited like ``/tmp``) into which the staged files are copied (``/proc`` shows the
+   namespace's processes only, ``subset=pid``: no host-wide file such as ``keys``); then the root is
    made read-only. A zygote as root builds the part every run shares (stage, binds, devices, mount
    points) once, in a mount namespace of its own, read-only (:func:`build_template`); its runs copy that
    namespace and add only their own ``/tmp``, ``/dev/shm``, working directory (in a private tmpfs over its
@@ -39,8 +40,11 @@ rest of the launcher). It runs before anything untrusted and must not import age
    run of that uid left; where the kernel refuses, they are cleared instead); always: clear every
    capability (a zygote child has no ``execve`` to do it; in a user namespace it holds them all) and
    ``no_new_privs``;
-7. ``exec`` the interpreter on the program in the working directory (:func:`main`); in a zygote child the
-   program runs in the prepared process instead (:mod:`agentboost.sandbox._zygote`).
+7. the seal (``_runner.seal``): the process non-dumpable, then the system-call filter
+   (:mod:`agentboost.sandbox.policy`), the last step before the program's first instruction: in a zygote
+   child the program then runs in the prepared process (:mod:`agentboost.sandbox._zygote`); a started run
+   ``exec``\ s the interpreter on the runner (:func:`main`), which seals and runs it the same way (no
+   ``exec`` after the filter; without a filter, the interpreter on the program in the working directory).
 
 Every process of the chain asks the kernel to SIGKILL it when its parent dies (``PDEATHSIG``), so
 killing the worker that started a sandbox takes the whole sandbox down with it. Each layer that cannot
@@ -523,10 +527,7 @@ def _fresh_root(fs, workdir, proc, uid):
         skeleton.dir(stage + workdir)  # inside the private /tmp just mounted
     _private_workdir(stage + workdir, _staged(workdir), fs, uid)
     if proc:
-        try:
-            _mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        except OSError as exc:
-            _note(f"no-private-proc {exc}")
+        _mount_proc(stage + "/proc")
     _pivot(stage)
     if not read_only:
         try:
@@ -586,10 +587,7 @@ def _from_template(fs, workdir, files, proc, uid):
     _mount(None, parent, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     _private_workdir(stage + workdir, files, fs, uid)
     if proc:
-        try:
-            _mount("proc", stage + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        except OSError as exc:
-            _note(f"no-private-proc {exc}")
+        _mount_proc(stage + "/proc")
     _pivot(stage)
 
 
@@ -615,19 +613,34 @@ def _deny_list(cfg, proc, files=None):
         except OSError as exc:
             _note(f"no-hide {exc}")
     if proc:
-        try:
-            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-        except OSError as exc:
+        _mount_proc("/proc")
+
+
+def _mount_proc(target):
+    """The PID namespace's own ``/proc``, with its processes only (``subset=pid``, Linux 5.8): none of the
+    host-wide files (``keys`` lists the keys this uid may view; ``meminfo``, ``vmstat``, ``stat``, ``locks``
+    count what other runs do; ``sys``). Without ``subset``, the whole of it, noted."""
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    try:
+        _mount("proc", target, "proc", flags, "subset=pid")
+        return
+    except OSError as exc:
+        if exc.errno != EINVAL:
             _note(f"no-private-proc {exc}")
+            return
+        _note(f"no-proc-subset {exc}")
+    try:
+        _mount("proc", target, "proc", flags, None)
+    except OSError as exc:
+        _note(f"no-private-proc {exc}")
 
 
 def _drop_capabilities():
-    """Clear every capability (effective, permitted, inheritable; ambient with them) and make the process
-    dumpable again, as ``execve`` of the interpreter would: a zygote child runs the program without one,
-    and in a user namespace it would otherwise keep the namespace's full capabilities."""
+    """Clear every capability (effective, permitted, inheritable; ambient with them): a zygote child runs
+    the program without an ``execve`` to do it, and in a user namespace it would otherwise keep the
+    namespace's full capabilities. (The program's dumpability is the seal's: ``_runner.seal``.)"""
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     _check(_libc.capset(_ctypes.byref(header), (_CapData * 2)()), "capset")
-    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
 
 
 def prepare(cfg):
@@ -724,10 +737,16 @@ def prepare(cfg):
 
 
 def main():
+    """A started run: set up, then ``exec`` the program's interpreter: on the script, or, with a system-call
+    filter to install, on ``cfg["boot"]`` (``_runner``'s source: :func:`_runner.cold` seals the process and
+    runs the program as a zygote's child does, with no ``exec`` after the filter)."""
     cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
     prepare(cfg)
     argv = cfg["argv"]
-    os.execve(argv[0], argv, cfg["env"])
+    if cfg.get("seccomp") is None:
+        os.execve(argv[0], argv, cfg["env"])
+    run = {"seccomp": cfg["seccomp"], "script": cfg["workdir"] + "/" + argv[-1], "argv": argv, "env": cfg["env"]}
+    os.execve(argv[0], [*argv[:-1], "-c", cfg["boot"], marshal.dumps(run).hex()], cfg["env"])
 
 
 if __name__ == "__main__":

@@ -30,6 +30,50 @@ module dropped and imported again is re-initialised from the interpreter's exten
 import os
 import sys
 
+MARK = "agentboost-sandbox:"
+PR_SET_DUMPABLE, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 4, 22, 2
+_sealing = []  # (prctl, the sock_fprog type), made on first use
+
+
+def seal(program):
+    """The last step before the program's first instruction (after every other layer is set up): this
+    process non-dumpable (its ``/proc/<pid>/{mem,pagemap,environ,auxv}`` then belong to root: the program
+    cannot read them, nor can its forks and threads), then the system-call filter ``program`` (BPF bytes
+    compiled from :mod:`agentboost.sandbox.policy`; None: none), which keeps it so (no ``PR_SET_DUMPABLE``,
+    no ``execve``). Needs ``no_new_privs`` (set by the launcher). A filter the kernel refuses is noted on
+    stderr (the isolation report shows the layer missing)."""
+    if not _sealing:
+        import _ctypes  # (not ctypes: importing the package costs milliseconds)
+
+        class CInt(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class CUShort(_ctypes._SimpleCData):
+            _type_ = "H"
+
+        class CCharP(_ctypes._SimpleCData):
+            _type_ = "z"
+
+        class Fprog(_ctypes.Structure):
+            _fields_ = (("len", CUShort), ("filter", CCharP))
+
+        class Prctl(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = CInt
+
+        class Libc:
+            _handle = _ctypes.dlopen(None, 0)
+
+        _sealing.extend((Prctl(("prctl", Libc())), Fprog, _ctypes))
+    prctl, fprog, c = _sealing
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if program is None:
+        return
+    bpf = fprog(len(program) // 8, program)
+    if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, c.byref(bpf), 0, 0) != 0:
+        sys.stderr.write(f"{MARK} no-seccomp {os.strerror(c.get_errno())}\n")
+        sys.stderr.flush()
+
 
 def capture():
     """The interpreter state to restore for every program; call before importing anything."""
@@ -62,6 +106,20 @@ def enter(baseline, script, argv, orig_argv, env):
     signals = sys.modules["_signal"]
     signals.signal(signals.SIGINT, signals.default_int_handler)
     return main, shared
+
+
+def cold(baseline):
+    r"""A started (not forked) run: the launcher, its set-up done, ``exec``\ s the program's interpreter on
+    ``-c`` with this module's source (its working directory is the program's: nothing of the host is in
+    the root) and a hex ``marshal`` of the seal's filter, the script, ``argv`` and environment. Sealed
+    here, before the program, then run as a zygote's child runs it: no ``exec`` after the filter.
+    ``baseline``: :func:`capture` before this module's own imports."""
+    import marshal
+
+    cfg = marshal.loads(bytes.fromhex(sys.argv[1]))
+    seal(cfg["seccomp"])
+    main, shared = enter(baseline, cfg["script"], cfg["argv"][-1:], cfg["argv"], cfg["env"])
+    finish(run(main), shared)
 
 
 class _DieBy(int):

@@ -195,6 +195,7 @@ def _child(cfg, status_fd, stdio, born_pid1):
 def run(cfg, baseline):
     """Apply every isolation layer, then run the program in this process as a fresh interpreter would."""
     _launcher.prepare(cfg)
+    _runner.seal(cfg.get("seccomp"))
     script = os.path.join(cfg["workdir"], cfg["argv"][-1])
     main, shared = _runner.enter(baseline, script, cfg["argv"][-1:], cfg["argv"], cfg["env"])
     _runner.finish(_runner.run(main), shared)

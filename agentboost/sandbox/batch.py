@@ -263,6 +263,7 @@ def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, stdout_cap: int, prelo
         "stdout_cap": stdout_cap,
         "stderr_cap": sandbox.config.stderr_cap,
         "preload_json": preload_json,
+        "seccomp": sandbox._filters.program if sandbox._filters is not None else None,
     }
 
 

@@ -12,8 +12,9 @@ Where (:func:`find`, once per sandbox, from ``/proc/self/mountinfo`` and ``/proc
   page cache), ``pids.max``, ``cpu.weight`` (equal for every run) and ``cpu.max``.
 * cgroup v1 (this project's machines and CI): the ``memory``, ``pids`` and ``cpu`` hierarchies mounted on
   their own, where this process may create groups below its own (root). Runs get
-  ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``), ``pids.max``, ``cpu.shares`` (equal
-  for every run) and the CFS quota.
+  ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes``), ``memory.kmem.tcp.limit_in_bytes``
+  (the same figure: v1 charges TCP buffers only to a group with a TCP limit, and on their own, besides
+  ``memory.limit_in_bytes``), ``pids.max``, ``cpu.shares`` (equal for every run) and the CFS quota.
 
 Each sandbox makes one group of its own there (``agentboost-<pid>-<token>``, weighing as much CPU as as many
 busy processes as it has slots) and one group per run in it, removed after the run by the janitor (off the
@@ -148,6 +149,11 @@ class Hierarchy:
         _write(f"{memory}/memory.limit_in_bytes", str(limits.memory_bytes))
         if os.path.exists(f"{memory}/memory.memsw.limit_in_bytes"):
             _write(f"{memory}/memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        if os.path.exists(f"{memory}/memory.kmem.tcp.limit_in_bytes"):
+            # v1 charges socket buffers only once a group has a TCP limit (v2 always charges them to
+            # memory.max): the run's TCP buffers get a limit of their own, memory_mb (deprecated since
+            # Linux 6.x, still enforced on 6.18)
+            _write(f"{memory}/memory.kmem.tcp.limit_in_bytes", str(limits.memory_bytes))
         _write(f"{os.path.join(self.parents['pids'], group.name)}/pids.max", str(limits.pids))
         if "cpu" in self.controllers:
             cpu = os.path.join(self.parents["cpu"], group.name)

@@ -73,6 +73,13 @@ class SandboxConfig:
     """Runs one zygote forks before it retires (a new one, started ahead of time, takes over): forked runs
     share a hash seed and address layout only with this many (1: none; each zygote start costs about as
     much CPU as an interpreter start)."""
+    syscall_filter: bool = True
+    """Run every program under the system-call filter of :mod:`.policy` (compiled with libseccomp; where
+    that is missing, runs go on without one and a WARNING says so). False: no filter."""
+    keep_cached: bool = True
+    """Keep every file of the deny-by-default root in the page cache (read ahead when the sandbox is
+    probed, again at most every minute): a run finds no page there it could bring in for a later run to
+    time (:mod:`.pagecache`). False: not."""
     cgroup: str | None = None
     """A cgroup v2 directory delegated to this process, under which each run gets a cgroup of its own
     (default: ``$AGENTBOOST_SANDBOX_CGROUP``, else found from this process's own cgroup; see

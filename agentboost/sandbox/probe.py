@@ -20,10 +20,12 @@ from typing import Any, Protocol
 
 from .cgroups import Cgroups, RunCgroup
 from .config import SandboxConfig, SandboxResult
+from .pagecache import Warmer
 from .paths import inside, interpreter_candidates
 from .report import LAYERS, namespaces_of_this_process, probe_program, session_keyring
 from .report import layers as report_layers
 from .rootfs import RootPlan, RootPlanError, plan_for
+from .seccomp import Filters
 from .uids import UidLease
 from .zygote import Zygote, ZygoteError, ZygotePool, precompile
 
@@ -45,6 +47,9 @@ class ProbedSandbox(Protocol):
     _cgroups: Cgroups | None
     _cgroup_why: str
     _zygotes: ZygotePool | None
+    _filters: Filters | None
+    _filter_why: str
+    _warmer: Warmer | None
 
     def _find_cgroups(self) -> tuple[Cgroups | None, str]: ...
     def _program_argv(self, python: str, script: str = ...) -> list[str]: ...
@@ -92,6 +97,9 @@ def probe(box: ProbedSandbox) -> dict[str, Any]:
                 iso = _layers(box, python, result, plan_notes, group)
                 if not iso["deny_by_default_fs"]:
                     box._plan = None  # runs go straight to the deny-list, not failing to build the root each time
+                elif c.keep_cached and box._plan is not None:
+                    box._warmer = Warmer(op[1] for op in box._plan.ops if op[0] == "ro")  # (what is bound)
+                    box._warmer.poke()
                 iso["zygote"] = _check_zygote(box, iso, python, canary, marker, plan_notes)
                 return iso
             last_error = f"{python}: exit {result.exit_code}: {result.stderr[-300:]}"
@@ -170,6 +178,8 @@ def _layers(
     notes = [*plan_notes, *result.isolation_notes]
     if box._cgroups is None:
         notes.append(f"no-cgroup {box._cgroup_why}")
+    if box._filters is None:
+        notes.append(f"no-seccomp {box._filter_why}")
     iso = report_layers(data, notes, config=box.config, is_root=box._is_root, run_uid=result.uid, host=host,
                         fresh_root_planned=box._plan is not None, cgroup_name=group)  # fmt: skip
     fresh = iso["deny_by_default_fs"]

@@ -2,7 +2,7 @@
 
 :meth:`Sandbox.isolation <agentboost.sandbox.Sandbox.isolation>` runs :func:`probe_program` once in the
 sandbox and turns what it printed (and the launcher's notes) into a dict with every layer of
-:data:`LAYERS` and :data:`NOT_PROVIDED` as True/False (:func:`layers`); :func:`log_isolation` then logs a
+:data:`LAYERS` as True/False (:func:`layers`); :func:`log_isolation` then logs a
 WARNING naming every missing layer and what it means, or INFO when all are active.
 """
 
@@ -41,11 +41,12 @@ LAYERS: dict[str, str] = {
     "can use many times memory_mb, and a run with many busy processes slows its neighbours down",
     "workdir_tmpfs": "the working directory is host storage: its size and number of files are limited only by "
     "file_size_mb per file",
+    "seccomp": "no system-call filter (the no-seccomp note says why): the whole kernel interface is reachable: "
+    "the program can make user namespaces (and in them TCP buffers and tmpfs mounts no limit counts), use kernel "
+    "keyrings (as an ordinary user, the trainer's), probe and evict the page cache every run shares (a channel "
+    "between episodes) and read its own /proc/self/pagemap",
 }
 """Every isolation layer :meth:`Sandbox.isolation` reports as True/False, and what its absence means."""
-NOT_PROVIDED: dict[str, str] = {"seccomp": "no system-call filter: the whole kernel interface is reachable"}
-"""Layers this sandbox never provides (reported False, named in the log, not a machine defect)."""
-
 KEYCTL = {"x86_64": 250, "aarch64": 219, "riscv64": 219, "ppc64le": 271, "ppc64": 271, "s390x": 280}
 """``keyctl`` system-call numbers (the C library has no wrapper; libkeyutils is not needed)."""
 KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING = 0, -3
@@ -112,6 +113,8 @@ def probe_program(canary: str, marker: str, allowed: dict[str, list[str]]) -> st
         "libc.syscall.restype = ctypes.c_long\n"
         f"r['keyring'] = libc.syscall(ctypes.c_long({keyctl}), ctypes.c_long(0), ctypes.c_long(-3), ctypes.c_long(0))"
         f" if {keyctl} else None\n"
+        "r['dumpable'] = libc.prctl(3, 0, 0, 0, 0)\n"
+        "r['seccomp'] = libc.prctl(21, 0, 0, 0, 0)\n"
         "print(json.dumps(r))\n"
     )
 
@@ -168,7 +171,10 @@ def layers(
         "private_keyrings": session_private and user_private and "no-session-keyring" not in text,
         "cgroup": in_cgroup,
         "workdir_tmpfs": workdir_tmpfs,
-        "seccomp": False,
+        "seccomp": c.syscall_filter
+        and data.get("seccomp") == 2
+        and data.get("dumpable") == 0
+        and "no-seccomp" not in text,
         "locale": data["locale"],
         "notes": notes,
     }
@@ -199,7 +205,6 @@ def log_isolation(iso: dict[str, Any]) -> None:
         if key in _logged:
             return
         _logged.add(key)
-    never = "; ".join(f"{k}: {why}" for k, why in NOT_PROVIDED.items())
     start = "runs fork from a warm interpreter (zygote)" if iso.get("zygote") else (
         f"every run starts its interpreters (no zygote: {'; '.join(zygote_off) or 'not probed'})")  # fmt: skip
     if missing or exposed:
@@ -207,12 +212,11 @@ def log_isolation(iso: dict[str, Any]) -> None:
         if exposed:
             lines.append(f"  exposed_paths: the program can read {', '.join(exposed)}")
         logger.warning(
-            "sandbox isolation INCOMPLETE (namespaces: %s, interpreter %s); missing layers:\n%s\n"
-            "(not provided: %s)\n%s",
-            iso.get("namespaces"), iso.get("python"), "\n".join(lines), never, start,
+            "sandbox isolation INCOMPLETE (namespaces: %s, interpreter %s); missing layers:\n%s\n%s",
+            iso.get("namespaces"), iso.get("python"), "\n".join(lines), start,
         )  # fmt: skip
     else:
         logger.info(
-            "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); not provided: %s; %s",
-            ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), never, start,
+            "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); %s",
+            ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), start,
         )  # fmt: skip

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import marshal
 import os
@@ -59,6 +60,7 @@ from typing import Any
 
 from .cgroups import CgroupError, Cgroups, RunCgroup, RunLimits, find
 from .config import SandboxConfig, SandboxResult, SandboxUnavailable
+from .pagecache import Warmer
 from .paths import hidden_for, hide_candidates, inside
 from .probe import probe
 from .process import (
@@ -77,6 +79,8 @@ from .process import (
 )
 from .report import LAYERS, log_isolation
 from .rootfs import RootPlan
+from .seccomp import Filters
+from .seccomp import available as seccomp_filters
 from .slots import SlotLease, Slots
 from .uids import UidLease, kill_uid, lock_dir, try_lease
 from .workdir import dispose_workdir, janitor, make_root, make_workdir, workdir_path
@@ -96,6 +100,15 @@ SESSION_MB = 64
 """Memory a batch session's cgroup has beyond ``memory_mb``: the harness itself."""
 _CHILDREN = 4
 """Processes of a run beyond the program's own (the launcher, PID 1 and, in a batch session, the harness)."""
+
+
+@functools.cache
+def _cold_boot() -> str:
+    """What a started run's interpreter runs after the launcher's ``exec`` (``-c``): the runner, its
+    start-up state captured before the runner's own imports (:func:`_runner.cold`)."""
+    path = Path(__file__).with_name("_runner.py")  # (its frames named as in a zygote's child)
+    capture = "import sys\n_B = (frozenset(sys.modules), tuple(sys.path), frozenset(sys.path_importer_cache))\n"
+    return f"{capture}exec(compile({path.read_text(encoding='utf-8')!r}, {str(path)!r}, 'exec'))\ncold(_B)\n"
 
 
 def _memory_file(files: dict[str, str]) -> tuple[int, list[tuple[str, int, int]]] | None:
@@ -159,6 +172,12 @@ class Sandbox:
         self._cgroups_closed = False
         self._cgroup_why = "not probed"
         self.executions = 0
+        self._warmer: Warmer | None = None
+        """Keeps the files of the runs' root in the page cache (set by the probe, with a fresh root)."""
+        self._filters: Filters | None = None
+        self._filter_why = "SandboxConfig(syscall_filter=False)"
+        if self.config.syscall_filter:
+            self._filters, self._filter_why = seccomp_filters()
 
     @property
     def _uses_uids(self) -> bool:
@@ -167,7 +186,7 @@ class Sandbox:
     # -- public API ---------------------------------------------------------------------
     def isolation(self) -> dict[str, Any]:
         """Which isolation layers are active (probed once with a real execution): every layer of
-        :data:`LAYERS` and :data:`NOT_PROVIDED` as True/False, plus ``python``, ``namespaces``,
+        :data:`LAYERS` as True/False, plus ``python``, ``namespaces``,
         ``hidden_paths``, ``exposed_paths``, ``visible_paths`` (the host paths a deny-by-default root
         shows, read-only; None without one), ``cgroup_setup`` (where runs' cgroups are made, or why none
         can be), ``zygote`` (runs fork from warm interpreters; when False a ``no-zygote`` note says why),
@@ -387,6 +406,7 @@ class Sandbox:
             "max_files": c.max_files,
             "hidden": self._hidden_for(python) if c.private_tmp else [],
             "cgroup": cgroup.procs if cgroup is not None else [],
+            "seccomp": self._filters.program if self._filters is not None else None,
             "rlimits": {
                 "RLIMIT_CPU": [c.cpu_s, c.cpu_s + 1],
                 "RLIMIT_AS": c.memory_mb * 1024 * 1024,
@@ -495,6 +515,8 @@ class Sandbox:
         ``session``: the batch harness (``SESSION_MB`` more memory, its capabilities in its own user
         namespace kept: it gives each input namespaces and mounts of its own)."""
         uid = lease.uid if lease is not None else None
+        if self._warmer is not None:
+            self._warmer.poke()
         if uid is not None and not self._contained_by_pid_namespace():
             await asyncio.to_thread(kill_uid, uid)  # strays of a holder of this uid that died (we hold the lease now)
         size = sum(map(len, files.values()))
@@ -510,6 +532,8 @@ class Sandbox:
             group = self._take_cgroup(SESSION_MB if session else 0)
             config = self._launch_config(workdir, uid, python, script=script, cgroup=group)
             config["keep_capabilities"] = session and not (self._is_root and uid is None)  # never root's own
+            if session and self._filters is not None:  # the harness mounts for each input, then seals it
+                config["seccomp"] = self._filters.setup
             proc, (stdin, stdout, stderr), staged_late = await self._start(
                 config, workdir, uid, zygotes, None if staged else files
             )
@@ -575,7 +599,7 @@ class Sandbox:
             await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
             staged = True
         ends = pipes(4)
-        config = {**config, "report_fd": ends[3][1]}
+        config = {**config, "report_fd": ends[3][1], "boot": _cold_boot()}
         try:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-I", "-S", "-c", _BOOT, marshal.dumps(config).hex(),

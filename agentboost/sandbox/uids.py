@@ -106,7 +106,7 @@ def kill_uid(uid: int) -> None:
             if not entry.name.isdigit():
                 continue
             try:
-                if entry.stat().st_uid == uid:
+                if process_uid(int(entry.name)) == uid:
                     found = True
                     os.kill(int(entry.name), signal.SIGKILL)
             except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -114,3 +114,16 @@ def kill_uid(uid: int) -> None:
         if not found:
             return
         time.sleep(0.005)
+
+
+def process_uid(pid: int) -> int | None:
+    """The real uid of process ``pid`` (from its ``status``: a program's ``/proc/<pid>`` belongs to root,
+    it is not dumpable); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
