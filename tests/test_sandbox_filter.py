@@ -263,3 +263,5 @@ print(json.dumps({{"planted": planted, "iso": {{k: v for k, v in iso.items() if 
     worked = _worked(stdout)
     assert not [k for k, v in worked.items() if v], worked
     assert token not in report["reader"][1] and token not in report["_stderr"], report
+    if not report["iso"]["cgroup"] and not report["iso"]["unprivileged_uid"]:  # (no cgroup for this user here)
+        assert "NEITHER a cgroup NOR a uid of their own" in report["_stderr"], report["_stderr"]

@@ -220,3 +220,10 @@ def log_isolation(iso: dict[str, Any]) -> None:
             "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); %s",
             ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), start,
         )  # fmt: skip
+    if os.geteuid() != 0 and iso.get("cgroup") is False:
+        setup = iso.get("cgroup_setup") or "no cgroup"
+        logger.warning(
+            "sandbox runs have NEITHER a cgroup NOR a uid of their own (uid %d; %s; per-run uids need root): "
+            "limits are per process, and a run may use what this uid may (its files, pipe and process quotas)",
+            os.geteuid(), setup,
+        )  # fmt: skip
