@@ -43,7 +43,7 @@ rest of the launcher). It runs before anything untrusted and must not import age
 7. the seal (``_runner.seal``): the process non-dumpable, then the system-call filter
    (:mod:`agentboost.sandbox.policy`), the last step before the program's first instruction: in a zygote
    child the program then runs in the prepared process (:mod:`agentboost.sandbox._zygote`); a started run
-   ``exec``\ s the interpreter on the runner (:func:`main`), which seals and runs it the same way (no
+   execs the interpreter on the runner (:func:`main`), which seals and runs it the same way (no
    ``exec`` after the filter; without a filter, the interpreter on the program in the working directory).
 
 Every process of the chain asks the kernel to SIGKILL it when its parent dies (``PDEATHSIG``), so
