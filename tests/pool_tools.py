@@ -247,17 +247,22 @@ def reward(task: dict[str, Any], episode: Any) -> float:
 
 
 class DirectedPolicy:
+    """Calls the tool the prompt names (``CALL <tool> <json arguments>`` at its end), then answers ``done``,
+    or the JSON string after ``ANSWER `` where the prompt has one."""
+
     def __init__(self, tokenizer: Any) -> None:
         self.template = ChatTemplate(tokenizer)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         text = self.template.decode(request.prompt_ids)
+        start = text.find("ANSWER ")
+        answer = json.JSONDecoder().raw_decode(text, start + len("ANSWER "))[0] if start >= 0 else "done"
         if "<tool_response>" in text.rsplit("<|im_start|>user", 1)[-1]:
-            out = "done"
+            out = answer
         else:
             match = re.search(r"CALL (\w+) (\{.*?\})\s*<\|im_end\|>", text, re.DOTALL)
             if match is None:
-                out = "done"
+                out = answer
             else:
                 call = {"name": match.group(1), "arguments": json.loads(match.group(2))}
                 out = "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from agentboost.episode import Episode, _jsonable
 from agentboost.pool import PoolConfig, StrandsProcessPool
 from agentboost.pool.wire import TO_POOL, FrameDecoder, unpack_episode
 from agentboost.pool.worker import done_frame
-from agentboost.runs import failed_episode
+from agentboost.runs import AgentSpec, EpisodeSpec, failed_episode
 from agentboost.types import Termination
 from tests.pool_tools import FAIL_FLAG_VAR
 from tests.test_pool import _pids_alive, spec
@@ -127,6 +128,31 @@ def test_an_episode_json_cannot_hold_is_sent_as_infra_error() -> None:
     back = unpack_episode(message[2])
     assert message[1] == s.episode_id and back.termination is Termination.INFRA_ERROR
     assert "could not be serialised" in back.termination_detail
+
+
+# -- issue 39, finding 4: a verdict no output can stall -------------------------------------------
+CODE = AgentSpec(env_args={"tools": "tests.pool_tools:tools_for", "reward_fn": "agentboost.rewards.code:code_reward"})
+
+
+def _code_spec(program: str, expected: str, *, call: str = "", tag: str) -> EpisodeSpec:
+    answer = "ANSWER " + json.dumps(f"Here it is.\n```python\n{program}\n```")
+    prompt = f"{answer} CALL {call}" if call else answer
+    row = {"prompt": prompt, "tests": [{"input": "", "output": expected}]}
+    return replace(spec(tag=tag), row=row, agent=CODE, episode_id=f"code-{tag}-{time.monotonic_ns()}")
+
+
+def test_no_output_stalls_the_workers_loop_for_a_correct_neighbour(one_worker) -> None:
+    """65,000 digits then ``x`` against a real took minutes on the worker's event loop (a quadratic
+    pattern): its heartbeat stopped, the worker was killed and a correct neighbour ended infra_error. Now:
+    the hostile answer scores 0 (trained on), the neighbour 1."""
+    pool = one_worker
+    neighbour = pool.submit(_code_spec("print(0.5)", "0.5\n", call='slow {"seconds": 3}', tag="neighbour"))
+    hostile = pool.submit(_code_spec("print('1' * 65000 + 'x')", "0.5\n", tag="hostile")).result(timeout=120)
+    assert hostile.termination is Termination.COMPLETED and not hostile.masked, hostile.termination_detail
+    assert hostile.reward == 0.0 and hostile.reward_metrics["verdict_wrong_answer"] == 1.0, hostile.reward_metrics
+    correct = neighbour.result(timeout=120)
+    assert correct.termination is Termination.COMPLETED and correct.reward == 1.0, correct.termination_detail
+    assert pool.stats()["restarts"] == {}
 
 
 # -- 15: processes that try to outlive their episode --------------------------------------------

@@ -1,24 +1,45 @@
 """Grading (issue 22, findings 9, 10 and 12): expected values keep the dataset's types, integers are exact,
 reals follow the source benchmark's rule; batched verdicts equal single-run verdicts by construction; nothing
 derived from a gold answer is in the program's reach; exit statuses are what they are; forked runs do not
-share one hash seed.
+share one hash seed. Issue 39 (findings 2, 3, 4 and 8): no output crashes or stalls a verdict, and no
+output is held past its verdict.
 
 On b14b9f6: an expected ``"100"`` became 100 (the right program scored 0, a wrong one 1); a float 999 away
 from 1e9 passed for the integer 1e9; mtimes and extended attributes survived between the tests of one
 harness; the output cap ``2 * len(gold) + 4096`` sat on the program's own stack; ``sys.exit(152)`` was
-SIGXCPU; every forked run had the zygote's hash seed.
+SIGXCPU; every forked run had the zygote's hash seed. On fdcdfc9: a result of 30,000 nested ``[`` raised
+RecursionError out of the reward, 10**400 against a real raised OverflowError (both masked the episode
+instead of scoring 0); ``"1" * 9000 + "x"`` against a real took seconds on the event loop (65,000 digits:
+minutes); twelve 16 MiB outputs grew the reward's process by about 300 MiB.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import threading
+from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from agentboost.episode import Episode
 from agentboost.rewards.code import code_reward
-from agentboost.sandbox import Sandbox, SandboxConfig
-from agentboost.sandbox.testcases import ERROR, NOT_RUN, PASSED, TestCase, run_test_cases
+from agentboost.sandbox import Sandbox, SandboxConfig, grading
+from agentboost.sandbox.config import SandboxResult
+from agentboost.sandbox.grading import CALL_MARK, EXACT, SHOWN_CHARS, TACO, is_number, judge, verdict
+from agentboost.sandbox.testcases import (
+    ERROR,
+    JUDGE_TIME_LIMIT,
+    NOT_RUN,
+    OUTPUT_LIMIT,
+    PASSED,
+    WRONG,
+    TestCase,
+    run_test_cases,
+)
 from agentboost.types import Termination
 from tests.sandbox_users import as_ordinary_user
 
@@ -241,3 +262,172 @@ def test_output_limit_is_decided_on_the_host_with_the_same_floor_as_before(box) 
         flood = asyncio.run(run_test_cases(box, printing.format(200000), tests, batch=batch))
         assert [o.verdict for o in chatty] == [PASSED, PASSED], chatty
         assert [o.verdict for o in flood] == ["output limit exceeded"] * 2, flood
+
+
+# --- issue 39: no output crashes or stalls a verdict, none is held past it ------------------------------
+_DEEP = f"import sys\ndef f():\n    sys.stdout.write('\\n{CALL_MARK}' + '[' * 30000 + '\\n')\n    sys.exit(0)"
+_HOSTILE = {  # name: (program, expected return value)
+    "30000-nested": (_DEEP, [1]),  # finding 2: RecursionError in the verdict's JSON parsing
+    "10**400-for-a-real": ("def f():\n    return 10 ** 400", 0.5),  # finding 3: OverflowError in float()
+}
+
+
+@pytest.mark.parametrize("name", list(_HOSTILE))
+def test_a_result_whose_shape_broke_the_verdict_is_a_wrong_answer(box, monkeypatch, name: str) -> None:
+    """Findings 2 and 3: the reward raised (the episode was masked); now it is 0, trained on."""
+    from agentboost.tools import strands_code_tool
+
+    program, expected = _HOSTILE[name]
+    monkeypatch.setattr(strands_code_tool, "_default", box)
+    answer = {"role": "assistant", "content": [{"text": f"```python\n{program}\n```"}]}
+    episode = Episode(id="hostile", messages=[answer], termination=Termination.COMPLETED)
+    result = asyncio.run(code_reward(_call(expected), episode))
+    assert result.reward == 0.0 and result.metrics["verdict_wrong_answer"] == 1.0, result
+
+
+def test_as_an_ordinary_user_a_result_whose_shape_broke_the_verdict_is_a_wrong_answer() -> None:
+    script = (
+        "import asyncio, json\nfrom agentboost.sandbox import Sandbox, SandboxConfig\n"
+        "from agentboost.sandbox.testcases import TestCase, run_test_cases\n"
+        f"HOSTILE = {_HOSTILE!r}\n"
+        "box = Sandbox(SandboxConfig(wall_s=10))\nout = {}\n"
+        "for name, (program, expected) in HOSTILE.items():\n"
+        "    tests = [TestCase([], expected, kind='call', fn_name='f')] * 2\n"
+        "    for batch in (True, False):\n"
+        "        outcomes = asyncio.run(run_test_cases(box, program, tests, batch=batch))\n"
+        "        out[f'{name}-{batch}'] = [o.verdict for o in outcomes]\n"
+        "box.close()\nprint(json.dumps(out))\n"
+    )
+    report = as_ordinary_user(script)
+    report.pop("_stderr")
+    assert report and all(v == [WRONG, WRONG] for v in report.values()), report
+
+
+_OLD_REAL = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
+_OLD_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="0123456789+-.eE x", max_size=12))
+def test_numbers_are_scanned_by_the_grammar_the_regexes_had(token: str) -> None:
+    """The linear scan accepts what the (quadratic) patterns did; one widening: ``.5e3`` is a real too."""
+    assert is_number(token) == bool(_OLD_NUMBER.match(token)), token
+    if not token.lstrip("+-").startswith("."):
+        assert is_number(token, real=True) == bool(_OLD_REAL.match(token)), token
+
+
+_PIECES = [
+    b"[", b"]", b"{", b"}", b'{"a":', b",", b":", b'"', b"\\", b'\\"', b"1", b"9", b"0", b".", b"e", b"E", b"-",
+    b"+", b"x", b" ", b"\n", b"\r\n", b"\t", b"NaN", b"Infinity", b"-Infinity", b"nan", b"inf", b"null", b"true",
+    b"\xff", b"\xc3", b"\xe2\x82", b"\x00", "\u0661\u00b2".encode(), b"1e400", b"1" * 401, b"0." + b"3" * 500,
+]  # fmt: skip
+_OUTPUTS = st.lists(st.tuples(st.sampled_from(_PIECES), st.integers(1, 70_000)), max_size=4).map(
+    lambda parts: b"".join(piece * (count if len(piece) < 8 else count // 64 + 1) for piece, count in parts)
+)
+_SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.just(10**400)
+_VALUES = st.recursive(
+    _SCALARS, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=3), c, max_size=3), max_leaves=12
+)
+_STDIN = st.lists(st.sampled_from(["0.5", "1e-9", "3", "-2.50", "YES", ".5", "1e400", "nan", "\n", " "]), max_size=8)
+
+
+@settings(max_examples=150, deadline=timedelta(seconds=10), suppress_health_check=list(HealthCheck))
+@given(
+    kind=st.sampled_from(["call", "stdin"]),
+    expected=_VALUES,
+    stdin_expected=_STDIN.map(" ".join),
+    raw=_OUTPUTS,
+    marked=st.booleans(),
+    rule=st.sampled_from([EXACT, TACO, 1e-6, None]),
+    floor=st.sampled_from([64 * 1024, 1 << 20]),
+)
+@example(kind="call", expected=[1], stdin_expected="", raw=b"[" * 30000, marked=True, rule=TACO, floor=64 * 1024)
+@example(kind="call", expected=0.5, stdin_expected="", raw=str(10**400).encode(), marked=True, rule=TACO,
+         floor=64 * 1024)  # fmt: skip
+@example(kind="stdin", expected=None, stdin_expected="0.5", raw=b"1" * 9000 + b"x", marked=False, rule=TACO,
+         floor=64 * 1024)  # fmt: skip
+def test_no_output_crashes_or_stalls_a_verdict(kind, expected, stdin_expected, raw, marked, rule, floor) -> None:
+    """Fuzz: adversarial outputs (huge numbers, deep nesting, NaN and infinities, invalid UTF-8, huge lines,
+    many lines, nested values against every expected type) get a verdict, never an exception, each in
+    bounded time (the example's deadline: the patterns of fdcdfc9 took seconds to minutes)."""
+    test = TestCase([], expected, kind="call", fn_name="f") if kind == "call" else TestCase("", stdin_expected)
+    stdout = (b"\n" + CALL_MARK.encode() if marked else b"") + raw
+    keep = grading.output_limit(test, floor) + 1  # what a run keeps of it (bytes, then decoded)
+    result = SandboxResult(stdout=stdout[:keep].decode("utf-8", errors="replace"), stderr="", exit_code=0,
+                           stdout_size=len(stdout))  # fmt: skip
+    outcome = judge(test, result, rule, output_floor=floor)
+    assert outcome.verdict in (PASSED, WRONG, OUTPUT_LIMIT) and len(outcome.got) <= SHOWN_CHARS, outcome
+
+
+def test_a_verdict_is_reached_off_the_event_loop_within_its_deadline(monkeypatch) -> None:
+    """Finding 4: the verdict ran on the reward's event loop (a pool worker's heartbeat with it). Now it runs
+    in a thread; one past its deadline is the program's (0, trained on), and the loop never waits on it."""
+    release = threading.Event()
+
+    def stalled(*args, **kwargs):
+        release.wait(60)
+        return grading.TestOutcome(PASSED)
+
+    monkeypatch.setattr(grading, "judge", stalled)
+    result = SandboxResult(
+        stdout="1\n" * grading.INLINE_BYTES, stderr="", exit_code=0
+    )  # (not tiny: judged in a thread)
+
+    async def scenario() -> tuple[str, int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        beat = asyncio.ensure_future(ticker())
+        try:
+            outcome = await verdict(TestCase("", "1"), result, deadline_s=1.0)
+        finally:
+            beat.cancel()
+            release.set()
+        return outcome.verdict, ticks
+
+    got, ticks = asyncio.run(scenario())
+    assert got == JUDGE_TIME_LIMIT and ticks > 1, (got, ticks)
+
+
+_MEMORY = """
+import asyncio, json, resource
+from agentboost.sandbox import Sandbox, SandboxConfig
+from agentboost.sandbox.testcases import OUTPUT_CAP, TestCase, run_test_cases
+box = Sandbox(SandboxConfig(wall_s=30, cpu_s=20, memory_mb=512))
+FLOOD = f"import sys\\nsys.stdout.write('x' * {{OUTPUT_CAP}})"  # the cap itself: not killed, past every limit
+warm = [TestCase(f"{{i}}\\n", f"{{i}}\\n") for i in range(3)]
+asyncio.run(run_test_cases(box, "print(input())", warm, batch={batch}))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+tests = [TestCase(f"{{i}}\\n", f"{{i}}\\n") for i in range(12)]
+outcomes = asyncio.run(run_test_cases(box, FLOOD, tests, timeout_s=30, batch={batch}))
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024 - before
+box.close()
+print(json.dumps({{"verdicts": sorted({{o.verdict for o in outcomes}}), "grew_mb": grew}}))
+"""
+
+
+def _in_a_fresh_process(script: str) -> dict:
+    import subprocess
+    import sys
+
+    from tests.sandbox_users import PRELUDE, REPO
+
+    done = subprocess.run([sys.executable, "-c", PRELUDE.format(repo=str(REPO)) + script], capture_output=True,
+                          text=True, timeout=300, cwd="/tmp")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("user", ["this", "ordinary"])
+@pytest.mark.parametrize("batch", [True, False], ids=["batched", "alone"])
+def test_no_output_is_held_past_its_verdict(user: str, batch: bool) -> None:
+    """Finding 8: every test's output (up to 16 MiB, decoded) was held until the suite ended: twelve of them
+    grew the process's peak by about 200 MiB. Outputs are cut at the test's limit as they come (bytes, before
+    decoding) and dropped once judged. (Each in a fresh process: its peak memory is this suite's.)"""
+    report = (as_ordinary_user if user == "ordinary" else _in_a_fresh_process)(_MEMORY.format(batch=batch))
+    assert report["verdicts"] == [OUTPUT_LIMIT] and report["grew_mb"] < 48, report  # (one output: 16 MiB)

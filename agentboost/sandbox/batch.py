@@ -64,6 +64,9 @@ _available_lock = threading.Lock()
 @dataclass(frozen=True)
 class BatchInput:
     stdin: str
+    stdout_keep: int | None = None
+    """Bytes of this input's stdout the host keeps and decodes (the rest is counted, ``stdout_size``);
+    None: all. The harness never sees it: every input runs under the same cap."""
 
 
 class _Anomaly(Exception):
@@ -129,15 +132,16 @@ async def run_batch(
     timeout_s: float,
     stdout_cap: int,
     single: Callable[[int], Awaitable[SandboxResult]],
-    on_result: Callable[[int, SandboxResult], bool] | None = None,
+    on_result: Callable[[int, SandboxResult], Awaitable[bool]] | None = None,
     preload_json: bool = False,
     workers: int | None = None,
 ) -> list[SandboxResult | None]:
     """Run ``program`` (as ``main.py``) on every input; one result per input, in order.
 
-    ``stdout_cap``: bytes of stdout kept per input, the same for all (a program writing more is killed).
+    ``stdout_cap``: bytes of stdout read per input, the same for all (a program writing more is killed).
     ``single(i)`` runs input ``i`` on its own (inputs the harness failed to report). ``on_result(i, r)``
-    sees every result as it comes; returning True stops the batch: inputs not finished are None.
+    is awaited on every result as it comes, which is then not kept (the list holds None: a suite of large
+    outputs holds one at a time); returning True stops the batch.
     ``workers``: harness sessions at once (default: one more than CPU cores, within the sandbox's slots:
     each session also waits, on its children's exits and on the host, while the others run). Cancelled or
     stopped, it releases every session it started before it returns."""
@@ -149,9 +153,10 @@ async def run_batch(
     count = workers or (os.cpu_count() or 1) + 1  # one more than cores: each session also waits (its exits)
     count = max(1, min(count, len(inputs), sandbox.config.slots))
 
-    def record(i: int, result: SandboxResult) -> None:
-        results[i] = result
-        if on_result is not None and on_result(i, result):
+    async def record(i: int, result: SandboxResult) -> None:
+        if on_result is None:
+            results[i] = result
+        elif await on_result(i, result):
             stop.set()
 
     async def worker() -> None:
@@ -159,7 +164,7 @@ async def run_batch(
             retry = await _session(sandbox, program, inputs, queue, record=record, stop=stop, timeout_s=timeout_s,
                                    stdout_cap=stdout_cap, preload_json=preload_json)  # fmt: skip
             if retry is not None and not stop.is_set():
-                record(retry, await single(retry))
+                await record(retry, await single(retry))
 
     tasks = [asyncio.ensure_future(worker()) for _ in range(count)]
     stopper = asyncio.ensure_future(stop.wait())
@@ -184,7 +189,7 @@ async def _session(
     inputs: list[BatchInput],
     queue: collections.deque[int],
     *,
-    record: Callable[[int, SandboxResult], None],
+    record: Callable[[int, SandboxResult], Awaitable[None]],
     stop: asyncio.Event,
     timeout_s: float,
     stdout_cap: int,
@@ -218,13 +223,17 @@ async def _session(
                     ahead = queue.popleft()
                     rest = channel.send_ahead(payload(ahead))  # (what the pipe did not take: after the report)
                 try:
-                    frame = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit)
-                    result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid, timeout_s=timeout_s)
+                    frame, dropped = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit,
+                                                           keep=inputs[i].stdout_keep)  # fmt: skip
+                    result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid, timeout_s=timeout_s,
+                                    dropped=dropped)  # fmt: skip
+                    del frame
                 except _Anomaly as exc:
                     tail = diagnostics.data.decode("utf-8", errors="replace")[-500:]
                     logger.warning("sandbox batch harness failed input %d (%s) %s; running it alone", i, exc, tail)
                     return i
-                record(i, result)
+                await record(i, result)
+                del result
                 if ahead is None or stop.is_set():
                     return None
                 i, ahead = ahead, None
@@ -268,10 +277,18 @@ def _setup(sandbox: Sandbox, run: _Run, timeout_s: float, stdout_cap: int, prelo
 
 
 def _parse(
-    frame: bytes, index: int, stdout_cap: int, stderr_cap: int, uid: int | None, *, timeout_s: float | None = None
+    frame: bytes,
+    index: int,
+    stdout_cap: int,
+    stderr_cap: int,
+    uid: int | None,
+    *,
+    timeout_s: float | None = None,
+    dropped: int = 0,
 ) -> SandboxResult:
-    """A harness report, checked field by field (it comes from inside the sandbox). A program that ran
-    longer than ``timeout_s`` timed out, whatever the flags say."""
+    """A harness report, checked field by field (it comes from inside the sandbox), less the last
+    ``dropped`` bytes of its stdout (:meth:`_Channel.receive`). A program that ran longer than
+    ``timeout_s`` timed out, whatever the flags say."""
     if len(frame) < _HEADER + 4:
         raise _Anomaly("short report")
     if int.from_bytes(frame[0:4], "little") != index:
@@ -280,8 +297,8 @@ def _parse(
     flags = frame[8]
     wall_s = int.from_bytes(frame[9:13], "little") / 1e6
     out_len = int.from_bytes(frame[13:17], "little")
-    out_end = 17 + out_len
-    if out_len > stdout_cap or out_end + 4 > len(frame):
+    out_end = 17 + out_len - dropped
+    if out_len > stdout_cap or dropped > out_len or out_end + 4 > len(frame):
         raise _Anomaly("bad stdout length")
     err_len = int.from_bytes(frame[out_end : out_end + 4], "little")
     if err_len > stderr_cap or out_end + 4 + err_len != len(frame) or flags > 15:
@@ -300,6 +317,7 @@ def _parse(
         stderr_truncated=bool(flags & _ERR_CUT),
         wall_s=wall_s,
         uid=uid,
+        stdout_size=out_len,
     )
 
 
@@ -332,18 +350,31 @@ class _Channel:
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def receive(self, within_s: float, limit: int) -> bytes:
+    async def receive(self, within_s: float, limit: int, *, keep: int | None = None) -> tuple[bytes, int]:
+        """The next report (at most ``limit`` bytes) and how many bytes of its stdout were dropped as they
+        came, past the first ``keep`` (default: none): the report lacks them, a large output is never held."""
         deadline = time.monotonic() + within_s
+        buffer, dropped = self._buffer, 0
         while True:
-            if len(self._buffer) >= 4:
-                size = int.from_bytes(self._buffer[:4], "little")
+            if len(buffer) >= 4:
+                size = int.from_bytes(buffer[:4], "little")
                 if size > limit:
                     raise _Anomaly(f"report of {size} bytes")
-                if len(self._buffer) >= 4 + size:
-                    frame = bytes(self._buffer[4 : 4 + size])
-                    del self._buffer[: 4 + size]
-                    return frame
-                if len(self._buffer) > 4 + limit:
+                fixed = 4 + _HEADER + 4  # (the frame's length, the fixed fields, stdout's length)
+                if keep is not None and len(buffer) >= fixed:
+                    out_len = int.from_bytes(buffer[fixed - 4 : fixed], "little")
+                    surplus = min(out_len, size - _HEADER - 4) - keep  # (bytes past keep, within the report)
+                    start = fixed + keep
+                    n = min(len(buffer) - start, surplus - dropped)
+                    if n > 0:
+                        del buffer[start : start + n]
+                        dropped += n
+                if len(buffer) >= 4 + size - dropped:
+                    with memoryview(buffer) as view:  # one copy of the report (a slice would be two)
+                        frame = bytes(view[4 : 4 + size - dropped])
+                    del buffer[: 4 + size - dropped]
+                    return frame, dropped
+                if len(buffer) > 4 + limit:
                     raise _Anomaly("report too long")
             if self._eof:
                 raise _Anomaly("harness ended")

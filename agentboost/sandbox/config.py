@@ -106,6 +106,9 @@ class SandboxResult:
     isolation_notes: list[str] = field(default_factory=list)
     uid: int | None = None
     """The uid the program ran as when it had its own (root), else None."""
+    stdout_size: int | None = None
+    """Bytes the program wrote to stdout, read up to the cap (``stdout`` may keep fewer: a run's
+    ``stdout_keep``); None where not counted (``stdout`` is all of it)."""
 
     @property
     def ok(self) -> bool:

@@ -33,29 +33,80 @@ output is ever in the program's reach.
   expected output).
 * Exit statuses are what they are: a program that exits with status 152 has a runtime error, only a
   death by SIGXCPU (the CPU limit) or the wall clock is a time limit.
+
+No output can crash or stall a verdict (the program's output is hostile):
+
+* its bytes are cut at the test's output limit before they are decoded (``SandboxResult.stdout_size``
+  says how many there were); an outcome keeps at most :data:`SHOWN_CHARS` of them;
+* a token is a number only when it is at most :data:`MAX_NUMBER_CHARS` long and of the form
+  ``[+-]digits[.digits][e[+-]digits]`` (ASCII digits), checked in linear time (no regex);
+* a call-based result is parsed as JSON with a depth cap (:data:`MAX_JSON_DEPTH`, checked by a linear scan
+  before parsing) and integers of at most :data:`MAX_INT_DIGITS` digits; an integer no float can hold
+  is not close to any real;
+* anything else that goes wrong while parsing or comparing the program's value is a ``wrong answer``
+  (logged): the output's shape is the program's doing, so it scores 0 and is trained on, never masked;
+* :func:`verdict` judges off the event loop (a worker thread; a pool worker's heartbeat keeps beating)
+  within :data:`VERDICT_S`: a verdict not reached by then is ``judging time limit exceeded``, the
+  program's fault too (0, trained on). Every step is linear in the output kept, so only an extremely
+  loaded machine gets near it. Only tiny verdicts (:data:`INLINE_BYTES`) are reached on the loop: they
+  cost less than a thread hop.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 import math
-import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from itertools import accumulate
 from typing import Any
 
 from .config import SandboxResult
 
+logger = logging.getLogger(__name__)
+
 PASSED, WRONG, ERROR, TIMEOUT = "passed", "wrong answer", "runtime error", "time limit exceeded"
 OUTPUT_LIMIT, NOT_RUN = "output limit exceeded", "not run"
 SUITE_TIME_LIMIT = "suite time limit exceeded"
+JUDGE_TIME_LIMIT = "judging time limit exceeded"
 CALL_MARK = "__agentboost_result__"
 DEFAULT_FLOAT_TOLERANCE = 1e-6
 DEFAULT_OUTPUT_FLOOR = 64 * 1024
 """Output every test may write whatever its expected size (``SandboxConfig.stdout_cap``'s default)."""
 SIGXCPU = 24
-_REAL = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+(\.\d*)?[eE][+-]?\d+)$")
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+MAX_NUMBER_CHARS = 4096
+"""A longer token is never a number (compared as text only)."""
+MAX_JSON_DEPTH = 512
+"""A call-based result nested deeper is a wrong answer (not parsed)."""
+MAX_INT_DIGITS = 4300
+"""Digits of an integer in a call-based result (Python's own default limit, whatever the process set)."""
+SHOWN_CHARS = 2000
+"""Characters of the output an outcome keeps (for reports; the verdict saw all of it)."""
+VERDICT_S = 30.0
+"""Seconds :func:`verdict` waits for a verdict (module doc)."""
+INLINE_BYTES = 8192
+"""A verdict on at most this much (output kept plus expected output) is reached on the event loop: tens of
+microseconds, less than handing it to a thread costs (about 80 µs of CPU)."""
+_NUMBER_CHARS = "0123456789+-.eE"
+_BRACKETS = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in _BRACKETS)
+
+
+def is_number(token: str, *, real: bool = False) -> bool:
+    """Whether ``token`` is ``[+-]digits[.digits][(e|E)[+-]digits]`` (digits on at least one side of the
+    point), at most :data:`MAX_NUMBER_CHARS` long; ``real``: written with a point or an exponent. Linear
+    whatever the token holds: a strip (its characters are those of the grammar) and ``float``, which then
+    accepts exactly the grammar (no ``inf``, ``nan``, ``_`` or spaces can be left)."""
+    if not 0 < len(token) <= MAX_NUMBER_CHARS or token.strip(_NUMBER_CHARS):
+        return False
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return not real or "." in token or "e" in token or "E" in token
 
 
 @dataclass(frozen=True)
@@ -78,7 +129,7 @@ class FloatRule:
 
     def tokens_match(self, got: str, want: str) -> bool:
         """An output token against an expected token written as a real."""
-        if not _NUMBER.match(got):
+        if not is_number(got):
             return False
         if self.exact:
             try:
@@ -193,7 +244,7 @@ def outputs_match(
         if len(a) != len(b):
             return False
         for want, token in zip(a, b, strict=True):
-            if want != token and not (_REAL.match(want) and rule.tokens_match(token, want)):
+            if want != token and not (is_number(want, real=True) and rule.tokens_match(token, want)):
                 return False
     return True
 
@@ -204,7 +255,10 @@ def same_value(got: Any, want: Any, float_tolerance: float | FloatRule | None = 
     if isinstance(want, bool) or isinstance(got, bool):
         return isinstance(want, bool) and isinstance(got, bool) and want == got
     if isinstance(want, float) and isinstance(got, int | float):
-        return as_rule(float_tolerance).close(float(got), want)
+        try:
+            return as_rule(float_tolerance).close(float(got), want)
+        except OverflowError:  # an integer past every float: no real is close to it
+            return False
     if isinstance(want, int) and isinstance(got, int | float):
         return got == want  # exactly (an equal float is equal; a nearby one is not)
     if isinstance(want, list) and isinstance(got, list):
@@ -220,13 +274,42 @@ def expected_size(test: TestCase) -> int:
     return len(expected.encode("utf-8")) + (len(CALL_MARK) + 2 if test.kind == "call" else 0)
 
 
-def _judge_call(expected: Any, result: SandboxResult, rule: FloatRule) -> tuple[bool, str]:
-    marker = result.stdout.rfind(CALL_MARK)
+def parse_value(text: str) -> Any:
+    """A call-based result: JSON nested at most :data:`MAX_JSON_DEPTH` deep (checked before parsing, in
+    linear time), integers of at most :data:`MAX_INT_DIGITS` digits; ValueError otherwise."""
+    if _too_deep(text):
+        raise ValueError(f"nested more than {MAX_JSON_DEPTH} deep")
+    return _DECODER.decode(text)
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of more than {MAX_INT_DIGITS} digits")
+    return int(digits)
+
+
+_DECODER = json.JSONDecoder(parse_int=_bounded_int)  # (one, as json.loads shares its own)
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the brackets of JSON text nest deeper than :data:`MAX_JSON_DEPTH` outside its strings (text
+    that is not JSON may be said to: it fails anyway). String and bytes methods, C iterators: linear."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return False
+    plain = text.encode("utf-8", errors="replace").replace(b"\\\\", b"")  # escaped backslashes, then
+    plain = plain.replace(b'\\"', b"")  # escaped quotes: what is left of a quote delimits a string
+    outside = b"".join(plain.split(b'"')[::2])  # (UTF-8: no byte of a multi-byte character is ASCII)
+    steps = map(_BRACKETS.__getitem__, outside.translate(None, _NOT_BRACKETS))
+    return max(accumulate(steps), default=0) > MAX_JSON_DEPTH
+
+
+def _judge_call(expected: Any, stdout: str, rule: FloatRule) -> tuple[bool, str]:
+    marker = stdout.rfind(CALL_MARK)
     if marker < 0:
-        return False, result.stdout
-    payload = result.stdout[marker + len(CALL_MARK) :].strip()
+        return False, stdout
+    payload = stdout[marker + len(CALL_MARK) :].strip()
     try:
-        got = json.loads(payload)
+        got = parse_value(payload)
     except ValueError:
         return False, payload
     return same_value(got, expected, rule), payload
@@ -244,17 +327,48 @@ def judge(
     *,
     output_floor: int = DEFAULT_OUTPUT_FLOOR,
 ) -> TestOutcome:
-    """The verdict on one test from what the program did (the same whether it ran alone or in a batch)."""
-    too_long = len(result.stdout.encode("utf-8", errors="replace")) > output_limit(test, output_floor)
-    if result.stdout_truncated or result.stderr_truncated or too_long:  # killed for it, or past the limit
-        return TestOutcome(OUTPUT_LIMIT, result.stdout[:2000], result.stderr, result.exit_code)
+    """The verdict on one test from what the program did (the same whether it ran alone or in a batch).
+    Never raises for anything in the program's output (module doc)."""
+    size = result.stdout_size
+    if size is None:
+        size = len(result.stdout.encode("utf-8", errors="replace"))
+    shown, stderr = result.stdout[:SHOWN_CHARS], result.stderr
+    if result.output_limited or size > output_limit(test, output_floor):  # killed for it, or past the limit
+        return TestOutcome(OUTPUT_LIMIT, shown, stderr, result.exit_code)
     if result.timed_out or result.signal == SIGXCPU:  # the wall clock or the CPU limit
-        return TestOutcome(TIMEOUT, result.stdout, result.stderr, result.exit_code)
+        return TestOutcome(TIMEOUT, shown, stderr, result.exit_code)
     if result.exit_code != 0:
-        return TestOutcome(ERROR, result.stdout, result.stderr, result.exit_code)
+        return TestOutcome(ERROR, shown, stderr, result.exit_code)
     rule = as_rule(float_tolerance)
-    if test.kind == "call":
-        ok, got = _judge_call(test.output, result, rule)
-    else:
-        ok, got = outputs_match(test.output, result.stdout, float_tolerance=rule), result.stdout
-    return TestOutcome(PASSED if ok else WRONG, got, result.stderr, result.exit_code)
+    try:
+        if test.kind == "call":
+            ok, got = _judge_call(test.output, result.stdout, rule)
+        else:
+            ok, got = outputs_match(test.output, result.stdout, float_tolerance=rule), result.stdout
+    except Exception as exc:  # whatever the output's shape does to a comparison is its verdict
+        logger.warning("grading: comparing a program's output raised %s (%.200s): wrong answer", type(exc).__name__,
+                       exc)  # fmt: skip
+        ok, got = False, result.stdout
+    return TestOutcome(PASSED if ok else WRONG, got[:SHOWN_CHARS], stderr, result.exit_code)
+
+
+async def verdict(
+    test: TestCase,
+    result: SandboxResult,
+    float_tolerance: float | FloatRule | None = DEFAULT_FLOAT_TOLERANCE,
+    *,
+    output_floor: int = DEFAULT_OUTPUT_FLOOR,
+    deadline_s: float = VERDICT_S,
+) -> TestOutcome:
+    """:func:`judge` in a worker thread; ``judging time limit exceeded`` if it has not come within
+    ``deadline_s`` (the thread finishes on its own: every step is linear). Only a verdict on at most
+    :data:`INLINE_BYTES` is reached on the event loop (module doc)."""
+    if len(result.stdout) * 4 + expected_size(test) <= INLINE_BYTES:  # (4: the most bytes a character takes)
+        return judge(test, result, float_tolerance, output_floor=output_floor)
+    work = functools.partial(judge, test, result, float_tolerance, output_floor=output_floor)
+    try:
+        return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, work), deadline_s)
+    except (TimeoutError, asyncio.TimeoutError):
+        logger.warning("grading: no verdict within %gs (%d bytes of output): %s", deadline_s,
+                       result.stdout_size or len(result.stdout), JUDGE_TIME_LIMIT)  # fmt: skip
+        return TestOutcome(JUDGE_TIME_LIMIT, result.stdout[:SHOWN_CHARS], result.stderr, result.exit_code)

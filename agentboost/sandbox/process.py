@@ -124,15 +124,20 @@ class ForkedProcess(RunProcess):
 
 
 class CappedReader:
-    """Reads a pipe to its end on the running loop, keeping the first ``cap`` bytes. Past ``cap`` it calls
-    ``on_overflow`` once (the caller ends the run) and stops reading: a flood costs this process nothing
-    more. The pipe stays open until :meth:`close` (a writer about to be killed blocks, it gets no error)."""
+    """Reads a pipe to its end on the running loop, keeping the first ``keep`` bytes (default: ``cap``) and
+    counting the rest (:attr:`size`). Past ``cap`` it calls ``on_overflow`` once (the caller ends the run)
+    and stops reading: a flood costs this process nothing more. The pipe stays open until :meth:`close` (a
+    writer about to be killed blocks, it gets no error)."""
 
-    def __init__(self, pipe: Fd, cap: int, on_overflow: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, pipe: Fd, cap: int, on_overflow: Callable[[], None] | None = None, *, keep: int | None = None
+    ) -> None:
         self._pipe = pipe
         self._fd = pipe.fd
         self._cap = cap
+        self._keep = cap if keep is None else min(keep, cap)
         self._kept = bytearray()
+        self.size = 0
         self._on_overflow = on_overflow
         self._watching = True
         self.truncated = False
@@ -155,8 +160,10 @@ class CappedReader:
         if not chunk:
             self._stop()
             return
-        room = self._cap - len(self._kept)
-        self._kept += chunk[: max(room, 0)]
+        room = self._cap - self.size
+        self.size += min(len(chunk), max(room, 0))
+        if len(self._kept) < self._keep:
+            self._kept += chunk[: self._keep - len(self._kept)]
         if len(chunk) > room:
             self.truncated = True
             if self._on_overflow is not None:

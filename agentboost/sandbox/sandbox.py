@@ -207,13 +207,15 @@ class Sandbox:
         timeout_s: float | None = None,
         stdout_cap: int | None = None,
         kill_on_overflow: bool = True,
+        stdout_keep: int | None = None,
     ) -> SandboxResult:
         """Run ``code`` as ``main.py`` with ``stdin``; never raises for anything the program does.
         ``stdout_cap``: keep this many bytes of stdout for this run (default ``config.stdout_cap``); a
         program writing past the stdout or the stderr cap is killed (``kill_on_overflow`` is kept for
-        callers of earlier versions: it is always so). The time waiting for a slot is not the program's:
-        its wall clock starts when it does. Raises :class:`SandboxUnavailable` when no run uid frees up
-        in time."""
+        callers of earlier versions: it is always so). ``stdout_keep``: keep (and decode) only this many
+        of them, counting the rest (``stdout_size``): the program still runs under ``stdout_cap``. The time
+        waiting for a slot is not the program's: its wall clock starts when it does. Raises
+        :class:`SandboxUnavailable` when no run uid frees up in time."""
         del kill_on_overflow
         if self._isolation is None:
             await asyncio.to_thread(self.isolation)
@@ -222,7 +224,8 @@ class Sandbox:
             uid = await self._lease_uid(lease.slot)
             try:
                 return await self._run(code, stdin, timeout_s or self.config.wall_s, uid,
-                                       self._python or sys.executable, stdout_cap=stdout_cap)  # fmt: skip
+                                       self._python or sys.executable, stdout_cap=stdout_cap,
+                                       stdout_keep=stdout_keep)  # fmt: skip
             finally:
                 if uid is not None:
                     uid.release()
@@ -426,6 +429,7 @@ class Sandbox:
         python: str,
         *,
         stdout_cap: int | None = None,
+        stdout_keep: int | None = None,
         zygotes: bool = True,
         on_launch: Callable[[_Run], None] | None = None,
     ) -> SandboxResult:
@@ -436,7 +440,7 @@ class Sandbox:
         readers: list[CappedReader] = []
         try:
             proc = run.proc
-            out = CappedReader(run.stdout, stdout_cap or self.config.stdout_cap, proc.kill)
+            out = CappedReader(run.stdout, stdout_cap or self.config.stdout_cap, proc.kill, keep=stdout_keep)
             err = CappedReader(run.stderr, self.config.stderr_cap, proc.kill)
             readers = [out, err]
             rest = feed_now(run.stdin, stdin.encode("utf-8", errors="replace"))
@@ -454,8 +458,8 @@ class Sandbox:
                     feeding.cancel()
                 assert isinstance(proc, ForkedProcess)
                 self._zygote_failed(proc.zygote, exc)
-                return await self._run(code, stdin, timeout_s, uid, python, stdout_cap=stdout_cap, zygotes=False,
-                                       on_launch=on_launch)  # fmt: skip
+                return await self._run(code, stdin, timeout_s, uid, python, stdout_cap=stdout_cap,
+                                       stdout_keep=stdout_keep, zygotes=False, on_launch=on_launch)  # fmt: skip
             await drain(readers)
             if feeding is not None:
                 feeding.cancel()
@@ -472,6 +476,7 @@ class Sandbox:
                 wall_s=time.monotonic() - started,
                 isolation_notes=notes,
                 uid=run.uid,
+                stdout_size=out.size,
             )
         finally:
             for reader in readers:

@@ -23,6 +23,7 @@ from .grading import (
     CALL_MARK,
     DEFAULT_FLOAT_TOLERANCE,
     ERROR,
+    JUDGE_TIME_LIMIT,
     NOT_RUN,
     OUTPUT_LIMIT,
     PASSED,
@@ -34,20 +35,24 @@ from .grading import (
     TestOutcome,
     float_rule_for,
     judge,
+    output_limit,
     outputs_match,
     same_value,
+    verdict,
 )
 from .sandbox import Sandbox
 from .slots import owner_scope
 
 __all__ = [
-    "DEFAULT_FLOAT_TOLERANCE", "ERROR", "NOT_RUN", "OUTPUT_CAP", "OUTPUT_LIMIT", "PASSED", "SUITE_TIME_LIMIT",
-    "TIMEOUT", "WRONG", "FloatRule", "TestCase", "TestOutcome", "float_rule_for", "judge", "outputs_match",
-    "run_test_case", "run_test_cases", "same_value",
+    "DEFAULT_FLOAT_TOLERANCE", "ERROR", "JUDGE_TIME_LIMIT", "NOT_RUN", "OUTPUT_CAP", "OUTPUT_LIMIT", "PASSED",
+    "SUITE_TIME_LIMIT", "TIMEOUT", "WRONG", "FloatRule", "TestCase", "TestOutcome", "float_rule_for", "judge",
+    "outputs_match", "run_test_case", "run_test_cases", "same_value",
 ]  # fmt: skip
 
 OUTPUT_CAP = 16 * 1024 * 1024
-"""Bytes of stdout a test may write before it is killed (the same for every test)."""
+"""Bytes of stdout a test may write before it is killed (the same for every test). The host keeps (and
+decodes) only the test's output limit and one byte more: past it the verdict is ``output limit exceeded``
+whatever the rest holds."""
 
 
 def _call_program(code: str, fn_name: str) -> str:
@@ -89,9 +94,14 @@ def _output_cap(sandbox: Sandbox) -> int:
     return max(sandbox.config.stdout_cap, OUTPUT_CAP)
 
 
+def _keep(sandbox: Sandbox, test: TestCase) -> int:
+    """Bytes of the test's stdout worth keeping: one past its output limit says it is past."""
+    return output_limit(test, sandbox.config.stdout_cap) + 1
+
+
 async def _run_alone(sandbox: Sandbox, code: str, test: TestCase, timeout_s: float) -> SandboxResult:
     return await sandbox.run(_program(code, test), stdin=_stdin(test), timeout_s=timeout_s,
-                             stdout_cap=_output_cap(sandbox))  # fmt: skip
+                             stdout_cap=_output_cap(sandbox), stdout_keep=_keep(sandbox, test))  # fmt: skip
 
 
 async def run_test_case(
@@ -104,7 +114,7 @@ async def run_test_case(
 ) -> TestOutcome:
     """One test in a sandbox of its own."""
     result = await _run_alone(sandbox, code, test, timeout_s)
-    return judge(test, result, float_tolerance, output_floor=sandbox.config.stdout_cap)
+    return await verdict(test, result, float_tolerance, output_floor=sandbox.config.stdout_cap)
 
 
 async def run_test_cases(
@@ -210,9 +220,9 @@ async def _run_batched(
         if stopped:
             break
 
-        def on_result(k: int, result: SandboxResult, members: list[int] = members) -> bool:
+        async def on_result(k: int, result: SandboxResult, members: list[int] = members) -> bool:
             nonlocal stopped
-            outcome = judge(tests[members[k]], result, float_tolerance, output_floor=sandbox.config.stdout_cap)
+            outcome = await verdict(tests[members[k]], result, float_tolerance, output_floor=sandbox.config.stdout_cap)
             outcomes[members[k]] = outcome
             stopped = stopped or (stop_after_timeout and outcome.verdict == TIMEOUT)
             return stopped
@@ -220,6 +230,6 @@ async def _run_batched(
         async def single(k: int, members: list[int] = members) -> SandboxResult:
             return await _run_alone(sandbox, code, tests[members[k]], timeout_s)
 
-        inputs = [BatchInput(_stdin(tests[i])) for i in members]
+        inputs = [BatchInput(_stdin(tests[i]), stdout_keep=_keep(sandbox, tests[i])) for i in members]
         await run_batch(sandbox, program, inputs, timeout_s=timeout_s, stdout_cap=_output_cap(sandbox), single=single,
                         on_result=on_result, preload_json=tests[members[0]].kind == "call")  # fmt: skip
