@@ -84,7 +84,7 @@ from _launcher import (  # inlined here by the host
     _unshare,
     warm,
 )
-from _runner import enter, finish, run, seal  # inlined here by the host
+from _runner import enter, finish, run, seal, sealer  # inlined here by the host
 
 _MAX_FRAME = 1 << 30
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
@@ -353,6 +353,7 @@ def _serve():
     import gc
 
     warm()
+    sealer()
     gc.collect()
     gc.freeze()  # what is here now is never collected: each input's collections (and exit) skip it
     try:  # the heap the compile of this harness left behind, back to the system: fewer pages for each fork

@@ -73,6 +73,7 @@ def serve(control_fd, template=None):
     own_pid_ns = _own_pid_namespace()
     parent = _template(bytes.fromhex(template)) if template and own_pid_ns is not None else None
     _launcher.warm()
+    _runner.sealer()
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
     control.send(b"ready template" if parent else b"ready")
     poller = select.poll()
