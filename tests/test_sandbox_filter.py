@@ -265,3 +265,52 @@ print(json.dumps({{"planted": planted, "iso": {{k: v for k, v in iso.items() if 
     assert token not in report["reader"][1] and token not in report["_stderr"], report
     if not report["iso"]["cgroup"] and not report["iso"]["unprivileged_uid"]:  # (no cgroup for this user here)
         assert "NEITHER a cgroup NOR a uid of their own" in report["_stderr"], report["_stderr"]
+
+
+_FILLS_TCP = """
+import socket
+socks, sent = [], 0
+for _ in range(56):
+    s = socket.create_connection(("127.0.0.1", {port}), timeout=5)
+    s.setblocking(False)
+    socks.append(s)
+for s in socks:
+    while True:
+        try:
+            sent += s.send(b"x" * 65536)
+        except OSError:
+            break
+print(sent >> 20)
+"""
+
+
+def test_tcp_buffers_count_against_the_runs_memory() -> None:
+    """Finding 5 where a run has the network (``isolate_network=False``): its TCP buffers are charged to its
+    cgroup (v1: ``memory.kmem.tcp.limit_in_bytes``; v2 charges them anyway), not queued without limit (208
+    MiB with ``memory_mb=64`` before, over 56 connections to a listener that never reads)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    box = Sandbox(SandboxConfig(isolate_network=False, memory_mb=64, max_open_files=64, wall_s=60))
+    try:
+        if not box.isolation()["cgroup"]:
+            pytest.skip("no cgroup for runs here: nothing charges their buffers")
+        result = box.run_sync(_FILLS_TCP.format(port=listener.getsockname()[1]))
+    finally:
+        box.close()
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert result.exit_code == 0, result
+    assert int(result.stdout) < 2 * 64, result  # the run's own 64 MiB (and what the listener holds)
