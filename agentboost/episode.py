@@ -111,9 +111,10 @@ class TrajectoryInfo:
     opened_by: str = "start"
     """Why it opened: ``start`` (the episode's first call), ``new_agent`` (the first call of another
     agent or a side call), ``history_rewritten`` (its agent's history is no longer an extension of what
-    the model saw: trimmed, summarised, edited, or a completed call retried), ``system_prompt_changed``,
-    ``tools_changed``, ``sampling_changed`` (the call samples otherwise than its trajectory's earlier
-    calls)."""
+    the model saw: trimmed, summarised, edited, reset by Strands (a Swarm node run again, a Graph node
+    revisited with ``reset_on_revisit``, an agent used as a tool called again), or a completed call
+    retried), ``system_prompt_changed``, ``tools_changed``, ``sampling_changed`` (the call samples
+    otherwise than its trajectory's earlier calls)."""
     detail: str = ""
     rerendered_tokens: int = 0
     """Prompt tokens that render again what an earlier trajectory of the same agent already held (the

@@ -44,13 +44,14 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from array import array
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from strands.hooks import AfterToolCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
+from strands.hooks import AfterToolCallEvent, BeforeModelCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
 from strands.middleware import ToolResultEvent
 from strands.models.model import Model
 
@@ -81,9 +82,9 @@ AUX_AGENT = "aux"
 """The agent name of calls made without an agent (a conversation manager's summariser)."""
 _CANCEL_POLL_S = 0.2
 _STATE_KEY = "agentboost_conversation"
+"""Where a TokenModel keeps an agent's conversation id in the ``model_state`` Strands keeps per agent."""
 AGENT_NAME_KEY = "agentboost_agent"
 """Where an agent's ``model_state`` carries its name (the trajectory's ``agent``)."""
-"""Where a TokenModel keeps an agent's conversation id in the ``model_state`` Strands keeps per agent."""
 
 _FORMAT_HINTS = {
     "hermes": 'Call tools as <tool_call>{"name": <tool-name>, "arguments": {<json-object>}}</tool_call>.',
@@ -770,9 +771,16 @@ class TokenModel(Model):
 
 
 class TrajectoryHooks(HookProvider):
-    """Strands hooks that belong to a :class:`TokenModel`: turn parse errors and unknown tools into
-    error results, count tool calls and errors per tool, enforce the tool-error budget, and end the
-    episode on :class:`~agentboost.errors.ToolFatalError`.
+    """Strands hooks that belong to a :class:`TokenModel`: name each model call's agent and conversation,
+    turn parse errors and unknown tools into error results, count tool calls and errors per tool, enforce
+    the tool-error budget, and end the episode on :class:`~agentboost.errors.ToolFatalError`.
+
+    Before each model call of an agent they are registered on, the agent's conversation id and name (set
+    at its first call, kept per agent object for the episode) are written into the ``model_state`` Strands
+    hands that call. Strands replaces that state when it resets an agent (a Swarm node before each run, a
+    Graph node revisited with ``reset_on_revisit``: a copy taken when the graph was built) and runs a
+    Graph's parallel nodes with one shared invocation state: neither gives a call another agent's name,
+    nor makes a reset agent another one.
 
     Stops requested by tools are not raised inside the hook (Strands would turn that into one more
     error result); the model raises them at its next call, right after the tool batch, which is a
@@ -780,10 +788,25 @@ class TrajectoryHooks(HookProvider):
 
     def __init__(self, model: TokenModel) -> None:
         self.model = model
+        self._agents: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+        """(conversation id, name) per agent, from its first model call on."""
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
+        registry.add_callback(BeforeModelCallEvent, self._before_model)
         registry.add_callback(BeforeToolCallEvent, self._before_tool)
         registry.add_callback(AfterToolCallEvent, self._after_tool)
+
+    def _before_model(self, event: BeforeModelCallEvent) -> None:
+        agent = event.agent
+        state = getattr(agent, "_model_state", None)
+        if not isinstance(state, dict):
+            return
+        identity = self._agents.get(agent)
+        if identity is None:
+            key, name = state.get(_STATE_KEY), getattr(agent, "name", None)
+            identity = (key if isinstance(key, str) else uuid.uuid4().hex, name if isinstance(name, str) else "")
+            self._agents[agent] = identity
+        state[_STATE_KEY], state[AGENT_NAME_KEY] = identity
 
     def _before_tool(self, event: BeforeToolCallEvent) -> None:
         tool_use_id = str(event.tool_use.get("toolUseId"))
@@ -964,17 +987,18 @@ def _sampling_change(before: SamplingParams | None, after: SamplingParams) -> st
 
 def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[str, Any] | None) -> tuple[Any, str]:
     """(conversation key, agent name) of a call. Strands hands every model call the ``model_state`` of
-    the agent making it (kept per agent, written back after a successful call): the key lives there. A
-    call without one (a summariser calling ``model.stream`` directly) is the ``aux`` conversation."""
+    the agent making it (kept per agent, written back after a successful call): the key lives there,
+    written by :class:`TrajectoryHooks` before each call of the agents they are registered on. A call
+    without one (a summariser calling ``model.stream`` directly) is the ``aux`` conversation."""
     if not isinstance(model_state, dict):
         return None, AUX_AGENT
     key = model_state.get(_STATE_KEY)
     if not isinstance(key, str):
         key = model_state[_STATE_KEY] = uuid.uuid4().hex
-    name = model_state.get(AGENT_NAME_KEY)  # (written by StrandsAgent for the agents it records)
+    name = model_state.get(AGENT_NAME_KEY)
     if not isinstance(name, str):
-        # an agent built at run time: the invocation's agent (a Graph shares one invocation state between
-        # its parallel nodes, each writing itself there: recorded agents carry their name instead)
+        # an agent without the episode's hooks (built by a tool at run time): its invocation's agent (a
+        # Graph's parallel nodes share one invocation state, each writing itself there: theirs have hooks)
         agent = invocation_state.get("agent") if isinstance(invocation_state, dict) else None
         name = getattr(agent, "name", None)
     return key, name if isinstance(name, str) and name else "agent"
@@ -996,7 +1020,7 @@ def _extension(
         first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(messages), n))
         return "history_rewritten", (
             f"the history changed from message {first} on ({n} messages seen, {len(messages)} given): trimmed, "
-            "summarised or edited"
+            "summarised, edited or reset"
         )
     if len(messages) == n or not _is_response(messages[n], conversation.response):
         return "history_rewritten", (

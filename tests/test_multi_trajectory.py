@@ -618,3 +618,121 @@ def test_a_call_sampled_otherwise_than_its_trajectory_opens_an_untrained_one() -
     for trajectory in episode.trajectories:  # every loss token was sampled at the policy's temperature
         if trajectory.index in trained:
             assert {temperatures[c.index] for c in trajectory.calls} == {1.0}
+
+
+def test_a_revisited_graph_node_beside_a_parallel_node_keeps_its_name_and_reopens_its_own_conversation() -> None:
+    # Issue 38 (5): Strands' GraphNode copies the agent's model state when the graph is built and
+    # reset_on_revisit restores that copy: the revisited node's call fell back on the graph's shared invocation
+    # state, which the node running beside it had just written (its name, its role reward), and opened as
+    # another agent's first call (new_agent)
+    from strands.hooks import BeforeModelCallEvent
+    from strands.multiagent import GraphBuilder
+
+    template = template_for("qwen2.5")
+    policy = Policy(template, {
+        "alpha": lambda k, t: f"alpha answer {k}",
+        "beta": lambda k, t: "beta done",
+        "gamma": lambda k, t: tool_call(template, "add", {"a": 2, "b": 3}) if k == 0 else "gamma done",
+    })  # fmt: skip
+    calls: dict[str, int] = {}
+    gamma_again: list[asyncio.Event] = []
+
+    class Order:  # alpha's revisit calls the model once gamma's second cycle has started beside it
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def register_hooks(self, registry, **kwargs):
+            async def before(event):
+                k = calls[self.name] = calls.get(self.name, 0) + 1
+                if not gamma_again:
+                    gamma_again.append(asyncio.Event())
+                if self.name == "gamma" and k == 2:
+                    gamma_again[0].set()
+                if self.name == "alpha" and k == 2:
+                    await asyncio.wait_for(gamma_again[0].wait(), 120)
+
+            registry.add_callback(BeforeModelCallEvent, before)
+
+    def factory(*, model, tools, task, **defaults):
+        agents = {name: Agent(model=model, tools=[add] if name == "gamma" else [], name=name,
+                              system_prompt=f"ROLE={name}.", hooks=[Order(name)], **defaults)
+                  for name in ("alpha", "beta", "gamma")}  # fmt: skip
+        builder = GraphBuilder()
+        for name, agent in agents.items():
+            builder.add_node(agent, name)
+        builder.add_edge("beta", "alpha")  # alpha again (reset), beside gamma
+        builder.add_edge("beta", "gamma")
+        builder.set_entry_point("alpha")
+        builder.set_entry_point("beta")
+        builder.reset_on_revisit(True)
+        builder.set_max_node_executions(10)
+        return builder.build()
+
+    def reward(task: dict, episode: Episode) -> RewardOutput:
+        return RewardOutput(1.0, role_rewards={"gamma": 0.0})
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10), reward=reward)
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert calls == {"alpha": 2, "beta": 1, "gamma": 2}
+    for trajectory in episode.trajectories:
+        role = re.search(r"ROLE=(\w+)", template.decode(trajectory.prompt_ids)).group(1)
+        assert trajectory.info.agent == role, (trajectory.index, trajectory.info.agent, role)
+    alpha = [t for t in episode.trajectories if t.info.agent == "alpha"]
+    assert len(alpha) == 2 and alpha[0].info.opened_by in ("start", "new_agent")
+    # the same agent, its history reset: what docs/multi-agent.md calls history_rewritten
+    assert alpha[1].info.opened_by == "history_rewritten", alpha[1].info
+    assert alpha[1].info.rerendered_tokens == len(alpha[1].prompt_ids)
+    assert [episode.reward_of(t.info.agent) for t in alpha] == [1.0, 1.0]
+    check_token_exact(episode, policy)
+
+
+def test_a_swarm_node_run_again_and_an_agent_used_as_a_tool_again_reopen_their_conversation_alike() -> None:
+    # Issue 38 (5): both reset the agent's history before it runs again; a Swarm node opened as new_agent (its
+    # model state reset too), an agent used as a tool as history_rewritten
+    from strands.multiagent import Swarm
+
+    template = template_for("qwen2.5")
+
+    def planner(k: int, text: str) -> str:  # (an agent answers once more after its handoff)
+        if k == 0:
+            return tool_call(template, "handoff_to_agent", {"agent_name": "solver", "message": "add 2 and 3"})
+        return "Handed off." if k == 1 else "The sum is 5."
+
+    def solver(k: int, text: str) -> str:
+        if k == 0:
+            return tool_call(template, "add", {"a": 2, "b": 3})
+        if k == 1:
+            return tool_call(template, "handoff_to_agent", {"agent_name": "planner", "message": "it is 5"})
+        return "Handed back."
+
+    policy = Policy(template, {"planner": planner, "solver": solver})
+
+    def swarm(*, model, tools, task, **defaults):
+        plan = Agent(model=model, name="planner", system_prompt="ROLE=planner. Hand off.", **defaults)
+        solve = Agent(model=model, tools=[add], name="solver", system_prompt="ROLE=solver. Add.", **defaults)
+        return Swarm([plan, solve], entry_point=plan, max_handoffs=4, max_iterations=6)
+
+    episode = run(template, policy, swarm, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    opened = [(i.agent, i.opened_by) for i in episode.trajectory_info]
+    assert opened == [("planner", "start"), ("solver", "new_agent"), ("planner", "history_rewritten")], opened
+    assert episode.trajectory_info[2].rerendered_tokens == len(episode.trajectories[2].prompt_ids)
+
+    def main(k: int, text: str) -> str:
+        return tool_call(template, "helper", {"input": f"add {k} and 3"}) if k < 2 else "Done."
+
+    def helper(k: int, text: str) -> str:
+        return tool_call(template, "add", {"a": k // 2, "b": 3}) if k % 2 == 0 else "ok"
+
+    policy = Policy(template, {"main": main, "helper": helper})
+
+    def team(*, model, tools, task, **defaults):
+        sub = Agent(model=model.sibling(), tools=[add], name="helper", system_prompt="ROLE=helper.",
+                    callback_handler=None)  # fmt: skip
+        return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt="ROLE=main.", **defaults)
+
+    episode = run(template, policy, team, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    opened = [(i.agent, i.opened_by) for i in episode.trajectory_info]
+    assert opened == [("main", "start"), ("helper", "new_agent"), ("helper", "history_rewritten")], opened
+    assert episode.trajectory_info[2].rerendered_tokens == len(episode.trajectories[2].prompt_ids)

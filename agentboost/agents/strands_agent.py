@@ -129,13 +129,7 @@ class StrandsAgent(BaseAgent):
     def _wire(agent: Any, model: Any) -> None:
         """The episode's hooks, tool limits and the long-episode adapter on one recorded agent."""
         adapt_agent(agent)  # flat per-call cost in long episodes; never changes what the agent does
-        state = getattr(agent, "_model_state", None)
-        name = getattr(agent, "name", None)
-        if isinstance(state, dict) and isinstance(name, str) and name:
-            from ..model import AGENT_NAME_KEY
-
-            state[AGENT_NAME_KEY] = name  # each call knows its agent (not the invocation's shared dict)
-        hooks = getattr(model, "hooks", None)
+        hooks = getattr(model, "hooks", None)  # (they also name each call's agent and conversation)
         if hooks is not None:
             agent.hooks.add_hook(hooks)
         budget = getattr(model, "budget", None)
