@@ -6,8 +6,10 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import re
 import time
+import types
 
 import pytest
 
@@ -300,6 +302,54 @@ def test_without_a_pid_namespace_tests_run_one_sandbox_each(caplog) -> None:
 def test_reports_are_checked_as_untrusted(frame: bytes) -> None:
     with pytest.raises(batch_module._Anomaly):
         batch_module._parse(frame, 0, 1000, 1000, None)
+
+
+def _report(i: int, out: bytes, err: bytes = b"") -> bytes:
+    body = b"".join((i.to_bytes(4, "little"), bytes(4), bytes(1), (5).to_bytes(4, "little"),
+                     len(out).to_bytes(4, "little"), out, len(err).to_bytes(4, "little"), err))  # fmt: skip
+    return len(body).to_bytes(4, "little") + body
+
+
+def test_a_reports_stdout_past_what_its_input_keeps_is_dropped_as_it_arrives() -> None:
+    """Issue 39, finding 8: the host held every report whole (up to 16 MiB) until parsed. Now what an input
+    keeps (its output limit and a byte) is all it holds, even while nothing waits for the report (the
+    host judging the one before) and with reports back to back; lengths are still checked."""
+    from agentboost.sandbox.process import Fd
+
+    reports = [(b"x" * 3_000_000, 10), (b"y" * 50, None), (b"abcdef", 3)]
+
+    async def scenario() -> tuple[int, list[tuple[str, int | None]]]:
+        read_end, write_end = os.pipe()
+        stdin_read, stdin_write = os.pipe()
+        run = types.SimpleNamespace(stdin=Fd(stdin_write), stdout=Fd(read_end))
+        channel = batch_module._Channel(run)
+        for _, keep in reports:
+            channel.expect(keep)
+        data = b"".join(_report(i, out, b"err") for i, (out, _) in enumerate(reports))
+        writing = asyncio.ensure_future(asyncio.to_thread(_write_all, write_end, data))
+        await writing  # all of it sent before anything receives
+        await asyncio.sleep(0.2)  # (the loop reads what is left in the pipe)
+        held = len(channel._buffer)
+        parsed = []
+        for i in range(len(reports)):
+            frame, dropped = await channel.receive(10, 1 << 25)
+            result = batch_module._parse(frame, i, 1 << 24, 100, None, dropped=dropped)
+            parsed.append((result.stdout, result.stdout_size, result.stderr))
+        channel.close()
+        for fd in (read_end, stdin_read, stdin_write):
+            os.close(fd)
+        return held, parsed
+
+    held, parsed = asyncio.run(scenario())
+    assert held < 4096, held
+    assert parsed == [("x" * 10, 3_000_000, "err"), ("y" * 50, 50, "err"), ("abc", 6, "err")], parsed
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[:65536]) :]
+    os.close(fd)
 
 
 _AS_USER = """

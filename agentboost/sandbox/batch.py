@@ -213,6 +213,7 @@ async def _session(
                 return None
             i = queue.popleft()
             try:
+                channel.expect(inputs[i].stdout_keep)
                 await channel.send(payload(i))
             except _Anomaly:
                 return i
@@ -221,10 +222,10 @@ async def _session(
                 yielding = run.lease is not None and sandbox.slots.should_yield(run.lease)  # another owner's turn
                 if n < PER_SESSION and queue and not stop.is_set() and not yielding:
                     ahead = queue.popleft()
+                    channel.expect(inputs[ahead].stdout_keep)
                     rest = channel.send_ahead(payload(ahead))  # (what the pipe did not take: after the report)
                 try:
-                    frame, dropped = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit,
-                                                           keep=inputs[i].stdout_keep)  # fmt: skip
+                    frame, dropped = await channel.receive(timeout_s + max(2.0, timeout_s / 2), limit)
                     result = _parse(frame, i, stdout_cap, sandbox.config.stderr_cap, run.uid, timeout_s=timeout_s,
                                     dropped=dropped)  # fmt: skip
                     del frame
@@ -322,12 +323,15 @@ def _parse(
 
 
 class _Channel:
-    """Length-prefixed frames to the harness's stdin and from its stdout, on the running loop."""
+    """Length-prefixed frames to the harness's stdin and from its stdout, on the running loop. A report's
+    stdout past what its input keeps (:meth:`expect`) is dropped as it arrives: a large output is never held."""
 
     def __init__(self, run: _Run) -> None:
         self._run = run
         self._loop = asyncio.get_running_loop()
         self._buffer = bytearray()
+        self._pending: collections.deque[list[int | None]] = collections.deque()
+        """Per input sent and not reported yet, in order: [bytes of stdout it keeps (None: all), dropped]."""
         self._eof = False
         self._wakeup: asyncio.Future[None] | None = None
         os.set_blocking(run.stdin.fd, False)
@@ -344,32 +348,53 @@ class _Channel:
             chunk = b""
         if chunk:
             self._buffer += chunk
+            self._shed()
         else:
             self._eof = True
             self._loop.remove_reader(self._reading)
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
 
-    async def receive(self, within_s: float, limit: int, *, keep: int | None = None) -> tuple[bytes, int]:
-        """The next report (at most ``limit`` bytes) and how many bytes of its stdout were dropped as they
-        came, past the first ``keep`` (default: none): the report lacks them, a large output is never held."""
+    def expect(self, keep: int | None) -> None:
+        """The next input sent keeps ``keep`` bytes of its stdout (None: all)."""
+        self._pending.append([keep, 0])
+
+    def _shed(self) -> None:
+        """Drop each report's stdout past what its input keeps, as it arrives (reports follow one another in
+        the order their inputs were sent)."""
+        buffer, start, fixed = self._buffer, 0, 4 + _HEADER + 4  # (the length, fixed fields, stdout's length)
+        for entry in self._pending:
+            keep, dropped = entry
+            if len(buffer) < start + fixed:
+                return
+            size = int.from_bytes(buffer[start : start + 4], "little")
+            if keep is not None:
+                out_len = int.from_bytes(buffer[start + fixed - 4 : start + fixed], "little")
+                surplus = min(out_len, size - _HEADER - 4) - keep  # (bytes past keep, within the report)
+                cut = start + fixed + keep
+                n = min(len(buffer) - cut, surplus - dropped)
+                if n > 0:
+                    del buffer[cut : cut + n]
+                    entry[1] = dropped = dropped + n
+            start += 4 + size - dropped
+            if len(buffer) <= start:
+                return
+
+    async def receive(self, within_s: float, limit: int) -> tuple[bytes, int]:
+        """The next report (at most ``limit`` bytes) and how many bytes of its stdout were dropped (the
+        report lacks them)."""
         deadline = time.monotonic() + within_s
-        buffer, dropped = self._buffer, 0
+        buffer = self._buffer
         while True:
             if len(buffer) >= 4:
                 size = int.from_bytes(buffer[:4], "little")
                 if size > limit:
                     raise _Anomaly(f"report of {size} bytes")
-                fixed = 4 + _HEADER + 4  # (the frame's length, the fixed fields, stdout's length)
-                if keep is not None and len(buffer) >= fixed:
-                    out_len = int.from_bytes(buffer[fixed - 4 : fixed], "little")
-                    surplus = min(out_len, size - _HEADER - 4) - keep  # (bytes past keep, within the report)
-                    start = fixed + keep
-                    n = min(len(buffer) - start, surplus - dropped)
-                    if n > 0:
-                        del buffer[start : start + n]
-                        dropped += n
+                self._shed()
+                dropped = self._pending[0][1] if self._pending else 0
                 if len(buffer) >= 4 + size - dropped:
+                    if self._pending:
+                        self._pending.popleft()
                     with memoryview(buffer) as view:  # one copy of the report (a slice would be two)
                         frame = bytes(view[4 : 4 + size - dropped])
                     del buffer[: 4 + size - dropped]
