@@ -353,10 +353,11 @@ def test_no_output_crashes_or_stalls_a_verdict(kind, expected, stdin_expected, r
     test = TestCase([], expected, kind="call", fn_name="f") if kind == "call" else TestCase("", stdin_expected)
     stdout = (b"\n" + CALL_MARK.encode() if marked else b"") + raw
     keep = grading.output_limit(test, floor) + 1  # what a run keeps of it (bytes, then decoded)
-    result = SandboxResult(stdout=stdout[:keep].decode("utf-8", errors="replace"), stderr="", exit_code=0,
+    result = SandboxResult(stdout=stdout[:keep].decode("utf-8", errors="replace"), stderr="e" * 16384, exit_code=0,
                            stdout_size=len(stdout))  # fmt: skip
     outcome = judge(test, result, rule, output_floor=floor)
-    assert outcome.verdict in (PASSED, WRONG, OUTPUT_LIMIT) and len(outcome.got) <= SHOWN_CHARS, outcome
+    assert outcome.verdict in (PASSED, WRONG, OUTPUT_LIMIT), outcome
+    assert len(outcome.got) <= SHOWN_CHARS and len(outcome.stderr) <= SHOWN_CHARS  # (held until the suite ends)
 
 
 def test_a_verdict_is_reached_off_the_event_loop_within_its_deadline(monkeypatch) -> None:

@@ -37,7 +37,7 @@ output is ever in the program's reach.
 No output can crash or stall a verdict (the program's output is hostile):
 
 * its bytes are cut at the test's output limit before they are decoded (``SandboxResult.stdout_size``
-  says how many there were); an outcome keeps at most :data:`SHOWN_CHARS` of them;
+  says how many there were); an outcome keeps at most :data:`SHOWN_CHARS` of them, and of stderr;
 * a token is a number only when it is at most :data:`MAX_NUMBER_CHARS` long and of the form
   ``[+-]digits[.digits][e[+-]digits]`` (ASCII digits), checked in linear time (no regex);
 * a call-based result is parsed as JSON with a depth cap (:data:`MAX_JSON_DEPTH`, checked by a linear scan
@@ -84,7 +84,8 @@ MAX_JSON_DEPTH = 512
 MAX_INT_DIGITS = 4300
 """Digits of an integer in a call-based result (Python's own default limit, whatever the process set)."""
 SHOWN_CHARS = 2000
-"""Characters of the output an outcome keeps (for reports; the verdict saw all of it)."""
+"""Characters an outcome keeps of the output (its start; the verdict saw all of it) and of stderr (its end),
+for reports: a suite's outcomes hold little whatever its programs wrote."""
 VERDICT_S = 30.0
 """Seconds :func:`verdict` waits for a verdict (module doc)."""
 INLINE_BYTES = 8192
@@ -332,7 +333,7 @@ def judge(
     size = result.stdout_size
     if size is None:
         size = len(result.stdout.encode("utf-8", errors="replace"))
-    shown, stderr = result.stdout[:SHOWN_CHARS], result.stderr
+    shown, stderr = result.stdout[:SHOWN_CHARS], result.stderr[-SHOWN_CHARS:]
     if result.output_limited or size > output_limit(test, output_floor):  # killed for it, or past the limit
         return TestOutcome(OUTPUT_LIMIT, shown, stderr, result.exit_code)
     if result.timed_out or result.signal == SIGXCPU:  # the wall clock or the CPU limit
@@ -371,4 +372,6 @@ async def verdict(
     except (TimeoutError, asyncio.TimeoutError):
         logger.warning("grading: no verdict within %gs (%d bytes of output): %s", deadline_s,
                        result.stdout_size or len(result.stdout), JUDGE_TIME_LIMIT)  # fmt: skip
-        return TestOutcome(JUDGE_TIME_LIMIT, result.stdout[:SHOWN_CHARS], result.stderr, result.exit_code)
+        return TestOutcome(
+            JUDGE_TIME_LIMIT, result.stdout[:SHOWN_CHARS], result.stderr[-SHOWN_CHARS:], result.exit_code
+        )
