@@ -1,6 +1,6 @@
 """``agentboost export RUN_DIR OUT``: a training run (``agentboost train`` or ``quickstart``) as a Hugging Face
 model directory that transformers and vLLM load: LoRA adapters merged, the tokenizer and its chat template
-included, the logits checked against the trained model's after writing.
+included, the logits checked against the trained model's (adapters unmerged) after writing.
 
     agentboost export runs/train runs/train-hf
     vllm serve runs/train-hf --port 8000
@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
             raise extra from exc
         raise contract.InfraFailure(f"the export failed: {contract.describe(exc)}") from exc
     gap = record.get("verified_max_logit_gap")
-    checked = f"; reloaded, logits within {gap:.1e} of the trained model's" if gap is not None else ""
+    unmerged = " (LoRA unmerged)" if record.get("lora") else ""
+    checked = f"; reloaded, logits within {gap:.2g} of the trained model's{unmerged}" if gap is not None else ""
     sys.stdout.write(
         f"wrote {args.out} ({record['source']} weights of {args.run_dir}, {record['dtype']}"
         f"{', LoRA merged' if record.get('lora') else ''}{checked})\n"

@@ -3,12 +3,16 @@ vLLM load (``vllm serve OUT``, then ``agentboost eval --backend http://...``).
 
 The weights come from the run's ``final_model/`` (a finished run) or its latest ``checkpoint/`` (any run
 that saved one); the model is rebuilt from what the run recorded (``run.json``: the base directory, the
-LoRA settings and the dtype; ``model_init/``: its config and tokenizer). LoRA adapters are merged into
-the base weights (in float32, then cast), so the directory is a plain model: ``config.json``, safetensors
-weights, ``generation_config.json`` and the tokenizer with its chat template (the one the episodes were
-rendered with). ``agentboost_export.json`` says where it came from. Before it is moved into place the
-written directory is loaded back and its logits compared with the merged model's on a probe prompt
-(``verify``).
+LoRA settings and the dtype; ``model_init/``: its config, generation config and tokenizer). LoRA adapters
+are merged into the base weights (in float32, then cast), so the directory is a plain model:
+``config.json``, safetensors weights, ``generation_config.json`` (the base model's: its end tokens and
+sampling defaults) and the tokenizer with its chat template (the one the episodes were rendered with).
+``agentboost_export.json`` says where it came from.
+
+``verify`` checks the export against the model as it was trained (base plus unmerged adapters, float32),
+on a probe prompt: the merged model before it is cast (a wrong merge fails), then the written directory
+loaded back against what was written (a lost weight fails); the gap between the export and the trained
+model is recorded and printed (cast to bfloat16 or float16, it includes the rounding).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ logger = logging.getLogger(__name__)
 SOURCES = ("auto", "final", "checkpoint")
 CHECKPOINT_WEIGHTS = Path("checkpoint") / "model_state.pt"
 PROBE = [{"role": "user", "content": "What is 7*8?"}]
+LOGIT_TOLERANCE = 1e-4
+"""Largest logit difference :func:`export_run` accepts between two float32 models that must be equal, relative
+to the largest logit (at least 1)."""
 
 
 class ExportError(ValueError):
@@ -87,10 +94,10 @@ def _adapter_config(directory: Path) -> dict[str, Any]:
 
 
 def load_run_model(run_dir: str | Path, *, source: str = "auto") -> tuple[Any, Any, dict[str, Any]]:
-    """The run's trained model as a plain (merged, float32) transformers model, its tokenizer and what it
-    was built from."""
+    """The run's model as it was trained (float32; a LoRA run's base with its adapters, unmerged: a PEFT
+    model), its tokenizer and what it was built from."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     run = Path(run_dir)
     chosen = pick_source(run, source)
@@ -110,13 +117,18 @@ def load_run_model(run_dir: str | Path, *, source: str = "auto") -> tuple[Any, A
         else:
             model = get_peft_model(base, LoraConfig(**record["lora"]))
             _load_state(model, run / CHECKPOINT_WEIGHTS, strict=False)
-        model = model.merge_and_unload()
     elif chosen == "final":
         model = AutoModelForCausalLM.from_pretrained(str(final), local_files_only=True, dtype=torch.float32)
     else:
         config = AutoConfig.from_pretrained(str(run / MODEL_INIT), local_files_only=True)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         _load_state(model, run / CHECKPOINT_WEIGHTS, strict=True)
+        # built from config.json, its generation config would be derived from it (one end token, no sampling
+        # defaults): the base model's, recorded in model_init/ (runs before that: the base directory)
+        for directory in (run / MODEL_INIT, Path(record.get("base") or run / MODEL_INIT)):
+            if (directory / "generation_config.json").is_file():
+                model.generation_config = GenerationConfig.from_pretrained(str(directory), local_files_only=True)
+                break
     model.eval()
     info = {"run_dir": str(run.resolve()), "source": chosen, "base": record.get("base"), "lora": lora,
             "trained_dtype": record.get("dtype")}  # fmt: skip
@@ -147,6 +159,15 @@ def probe_logits(model: Any, tokenizer: Any) -> Any:
         return model(input_ids=torch.tensor([list(ids)], device=device)).logits.float().cpu()
 
 
+def _gap(got: Any, expected: Any) -> float:
+    """The largest logit difference (infinite when the shapes differ)."""
+    return float((got - expected).abs().max()) if got.shape == expected.shape else float("inf")
+
+
+def _tolerance(logits: Any) -> float:
+    return LOGIT_TOLERANCE * max(1.0, float(logits.abs().max()))
+
+
 def export_run(
     run_dir: str | Path,
     out: str | Path,
@@ -165,9 +186,23 @@ def export_run(
     target_dtype = dtype or info.get("trained_dtype") or "float32"
     if target_dtype not in ("float32", "bfloat16", "float16"):
         raise ExportError(f"--dtype must be float32, bfloat16 or float16, got {target_dtype!r}")
-    model = model.to(getattr(torch, target_dtype))
     if not tokenizer.chat_template:
         raise ExportError(f"{run_dir}: the run's tokenizer has no chat template")
+    trained = probe_logits(model, tokenizer) if verify else None  # the model as trained: adapters unmerged
+    merge_gap = None
+    if info.get("lora"):
+        model = model.merge_and_unload()
+        if trained is not None:
+            merge_gap = _gap(probe_logits(model, tokenizer), trained)
+            if merge_gap > _tolerance(trained):
+                raise ExportError(f"merging the LoRA adapters changed the logits by {merge_gap:.3g}: a wrong merge")
+    written = None
+    if trained is not None:  # what will be written, as float32 (weights rounded to the dtype, buffers as loaded)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(param.to(getattr(torch, target_dtype)))
+        written = probe_logits(model, tokenizer)
+    model = model.to(getattr(torch, target_dtype))
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -175,17 +210,18 @@ def export_run(
         model.save_pretrained(str(staging), safe_serialization=True)
         tokenizer.save_pretrained(str(staging))
         record = {**info, "dtype": target_dtype, "agentboost": __version__}
-        if verify:
-            expected = probe_logits(model.float(), tokenizer)
+        if trained is not None and written is not None:
             reloaded = AutoModelForCausalLM.from_pretrained(str(staging), local_files_only=True, dtype=torch.float32)
             reloaded_tokenizer = AutoTokenizer.from_pretrained(str(staging), local_files_only=True)
             if reloaded_tokenizer.chat_template != tokenizer.chat_template:
                 raise ExportError("the exported tokenizer lost its chat template")
             got = probe_logits(reloaded.eval(), reloaded_tokenizer)
-            gap = float((got - expected).abs().max())
-            if got.shape != expected.shape or gap > 1e-4:
-                raise ExportError(f"the exported model's logits differ from the trained model's by {gap:.3g}")
-            record["verified_max_logit_gap"] = gap
+            reload_gap = _gap(got, written)
+            if reload_gap > _tolerance(written):
+                raise ExportError(f"the exported model's logits differ from the model written by {reload_gap:.3g}")
+            record["verified_max_logit_gap"] = _gap(got, trained)
+            if merge_gap is not None:
+                record["merge_max_logit_gap"] = merge_gap
         (staging / "agentboost_export.json").write_text(json.dumps(record, indent=2))
         if target.exists():
             shutil.rmtree(target)

@@ -6,7 +6,7 @@ commands go through. In ``plan.run_dir``:
 
 1. the model is built (``plan.build_model``) and recorded for ``agentboost export``: ``run.json`` (the
    options and where the model came from: a local directory, LoRA settings, dtype) and ``model_init/``
-   (its config and tokenizer with the chat template);
+   (its config, generation config and tokenizer with the chat template);
 2. the warm start, if any, resumable from ``warm_start/`` (a rerun after Ctrl-C continues from its last
    save; a finished one is not run again);
 3. held-out evaluation before GRPO (``eval/before/``: the evaluator's report with pass@k, and the
@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 RUN_RECORD = "run.json"
 SUMMARY = "summary.json"
 MODEL_INIT = "model_init"
-"""The model's config and tokenizer as the run started (what ``agentboost export`` rebuilds a checkpoint on)."""
+"""The model's config, generation config and tokenizer as the run started (what ``agentboost export`` rebuilds a
+checkpoint on)."""
 FINAL_MODEL = "final_model"
 WARM_START = "warm_start"
 EVAL = "eval"
@@ -110,6 +111,8 @@ def record_model(plan: RunPlan, model: Any, tokenizer: Any) -> None:
     if not (init / "config.json").is_file():
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         base.config.save_pretrained(str(init))
+        if getattr(base, "generation_config", None) is not None:  # its end tokens and sampling defaults
+            base.generation_config.save_pretrained(str(init))
         tokenizer.save_pretrained(str(init))
 
 
