@@ -165,22 +165,38 @@ def test_async_modes_train_with_strands_metrics(assets, tmp_path, mode: str) -> 
     check_steps(result, 3, on_policy=False)
 
 
-def test_episodes_of_several_trajectories_train_under_the_v1_trainer(assets, tmp_path) -> None:
-    """docs/multi-agent.md ("Agents that rewrite their history, and multi-agent runs"): a hook that retries the
-    first model call makes every episode two trajectories whatever the tiny model answers (the retry's history no longer
-    holds the first response); the loop returns one output per trajectory,
-    verl's V1 trainer stores and trains both, agentboost_grpo counts each episode once in its group (its
-    wrapper of compute_advantage_for_multi_trajectories), and the Strands metrics stay per episode."""
-    retry = {"agent_args": {"agent_factory": "agentboost.testing.agents:retry_first_call"}}
-    result = run(assets, tmp_path, "sync", strands=retry)
+def test_episodes_of_one_and_three_trajectories_train_in_one_optimizer_step(assets, tmp_path) -> None:
+    """README, "Agents that rewrite their history, and multi-agent runs": every other episode is three trajectories
+    (two helper agents on the same model answer first: agentboost.testing.agents.one_or_three_trajectories), so
+    a batch of 2 prompts x 4 samples is more rows than verl's mini-batch of MINI_BATCH_SIZE (2) x ROLLOUT_N rows.
+    The loop returns one output per trajectory, verl's V1 trainer stores and trains them all, agentboost_grpo
+    counts each episode once in its group, and the update is the one optimizer step MINI_BATCH_SIZE =
+    TRAIN_BATCH_SIZE asks for, over every row (verl alone takes a second one over the rows past the first 8,
+    whose tokens then weigh more): every loss token of the batch weighs the same. Strands metrics per episode."""
+    mixed = {"agent_args": {"agent_factory": "agentboost.testing.agents:one_or_three_trajectories"}}
+    result = run(assets, tmp_path, "sync", strands=mixed, knobs={"MAX_TURNS": "3"})
     steps = result.steps
     assert [s["training/global_step"] for s in steps] == [1, 2], result.log_tail()
     for step in steps:
         assert step["strands/episodes"] == pytest.approx(8)  # TRAIN_BATCH_SIZE 2 x ROLLOUT_N 4 episodes ...
-        assert step["strands/rows"] >= 16 and step["strands/trajectories_per_episode"] >= 2  # ... of 2+ rows each
-        assert step["strands/rerendered_tokens_per_episode"] > 0  # the retry's prompt renders the history again
+        assert 1 < step["strands/trajectories_per_episode"] < 3 and step["strands/rows"] > 8  # ... of 1 and 3 rows
+        assert step["strands/optimizer_steps_total"] == 1  # one mini-batch: every row, no no-op row (1 rank)
+        assert step["strands/update_rows_total"] == step["strands/rows"] and step["strands/padding_rows_total"] == 0
+    # verl's own optimizer took one step per training step (Adam's step count, saved with each checkpoint)
+    assert [adam_steps(result.checkpoint_dir / f"global_step_{n}" / "actor") for n in (1, 2)] == [1, 2]
     assert steps[0]["actor/grad_norm"] > 0
-    second = steps[1]  # step 2's rollouts (both agents' calls) came from step 1's weights
+    second = steps[1]  # step 2's rollouts (every agent's calls) came from step 1's weights
     assert second["training/rollout_probs_diff_max"] < 1e-3
     log = result.log_path.read_text(errors="replace")
     assert "agentboost_grpo: one advantage per episode" in log  # the trainer used the per-episode wrapper
+
+
+def adam_steps(actor_dir: Path) -> int:
+    """The optimizer steps taken so far, as the actor checkpoint's optimizer state records them."""
+    import torch
+
+    [path] = actor_dir.glob("optim_world_size_1_rank_0.pt")
+    state = torch.load(path, map_location="cpu", weights_only=False)["state"]
+    counts = {int(param["step"]) for param in state.values()}
+    assert len(counts) == 1, counts
+    return counts.pop()

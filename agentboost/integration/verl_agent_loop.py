@@ -73,7 +73,7 @@ from ..tool_executor import DEFAULT_MAX_HUNG, DEFAULT_TOOL_THREADS
 from ..tool_executor import install as install_tool_executor
 from ..types import Budget, SamplingParams, Termination
 from ..utils.refs import resolve
-from . import verl_advantage
+from . import verl_advantage, verl_minibatch
 from .config import DEFAULT_EPISODE_TIMEOUT_S, cfg_get
 from .rollouts import single_trajectory
 
@@ -600,8 +600,9 @@ def install(agent_loop_module: Any = None, core_algos: Any = None, version: str 
     if core_algos is None:
         from verl.trainer.ppo import core_algos
     verl_advantage.register(core_algos)
-    if installed_verl:  # the installed verl: its V1 trainer's multi-output advantages too
+    if installed_verl:  # the installed verl: its V1 trainer's multi-output advantages and mini-batches too
         verl_advantage.install_multi_trajectory()
+        verl_minibatch.install()
     cls = build_loop_class(agent_loop_module.AgentLoopBase, agent_loop_module.AgentLoopOutput)
     agent_loop_module.register(AGENT_LOOP_NAME)(cls)
     if agent_loop_module is sys.modules.get("verl.experimental.agent_loop.agent_loop"):

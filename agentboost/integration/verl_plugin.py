@@ -1,5 +1,6 @@
-"""Registers agentboost with the verl of this process when imported: the ``strands_agent`` agent loop and the
-``agentboost_grpo`` advantage estimator (:func:`agentboost.integration.verl_agent_loop.install`).
+"""Registers agentboost with the verl of this process when imported: the ``strands_agent`` agent loop, the
+``agentboost_grpo`` advantage estimator and the V1 trainer's mini-batches of whole episodes
+(:func:`agentboost.integration.verl_agent_loop.install`, :mod:`agentboost.integration.verl_minibatch`).
 
 verl imports it through ``actor_rollout_ref.model.external_lib=agentboost.integration.verl_plugin`` in every
 process that builds the model config (the trainer's, where advantages are computed, and the agent-loop
