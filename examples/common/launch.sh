@@ -10,7 +10,9 @@
 #
 # Shared knobs (both routes):
 #   MODEL (Qwen/Qwen3-4B-Instruct-2507)  GPUS per node (8)  NNODES (1)  PYTHON (python3)
-#   TRAIN_BATCH_SIZE  VAL_BATCH_SIZE (prompts per validation batch)  MINI_BATCH_SIZE (= TRAIN_BATCH_SIZE)
+#   TRAIN_BATCH_SIZE  VAL_BATCH_SIZE (prompts per validation batch)  MINI_BATCH_SIZE (= TRAIN_BATCH_SIZE:
+#          prompts per optimizer step, TRAIN_BATCH_SIZE / MINI_BATCH_SIZE steps per training step; on the verl
+#          route a mini-batch is whole prompt groups, however many trajectories (rows) their episodes have)
 #   ROLLOUT_N (8)  VAL_N (4)
 #   MAX_PROMPT_LENGTH  MAX_RESPONSE_LENGTH (the whole episode after the first prompt, tool tokens included)
 #   LR (1e-6)  KL_COEF (0.0: no KL loss; anything else turns the k3 KL loss on, KL_TYPE low_var_kl)
