@@ -197,3 +197,68 @@ def test_the_cpu_runs_factory_mixes_episodes_of_one_and_three_trained_trajectori
     assert [i.opened_by for i in three.trajectory_info] == ["start", "new_agent", "new_agent"]
     assert all(i.trained for i in three.trajectory_info) and len(episode_rows(three)) == 3
     assert all(e.termination == Termination.MAX_TOKENS and not e.masked for e in episodes)
+
+
+def _verl_version() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return ""
+    import verl
+
+    return str(verl.__version__)
+
+
+@pytest.mark.skipif(not _verl_version().startswith("0.9."), reason="needs verl 0.9 (its own environment)")
+def test_verls_own_padding_balancing_and_update_carry_the_plan(monkeypatch) -> None:
+    """On verl 0.9.1's own code: its no-op rows (padding_utils, TransferQueue stood in), its balancing over 2
+    ranks, KVBatchMeta's reorder and chunk, and PPOTrainer._update_actor's body: the workers get mini-batches
+    of whole prompt groups, as many as TRAIN / MINI."""
+    import torch
+    from omegaconf import OmegaConf
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo import padding_utils
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    shape = {"a": [1, 3, 1, 1], "b": [3, 1, 1, 1], "c": [1, 1, 1, 1], "d": [3, 3, 1, 3]}
+    keys = keys_of(shape)
+    put: list[Any] = []
+    sample = {"prompts": torch.ones(5, dtype=torch.int64), "responses": torch.ones(3, dtype=torch.int64),
+              "input_ids": torch.ones(8, dtype=torch.int64), "attention_mask": torch.ones(8, dtype=torch.int64),
+              "position_ids": torch.arange(8), "response_mask": torch.ones(3, dtype=torch.int64)}  # fmt: skip
+    monkeypatch.setattr(padding_utils, "tq", SimpleNamespace(kv_batch_get=lambda **kw: [dict(sample)],
+                                                             kv_batch_put=lambda **kw: put.append(kw)))  # fmt: skip
+    config = OmegaConf.create({
+        "actor_rollout_ref": {
+            "actor": {"ppo_mini_batch_size": 2, "ppo_epochs": 1, "shuffle": False, "data_loader_seed": 42,
+                      "loss_agg_mode": "token-mean", "calculate_entropy": False, "entropy_coeff": 0.0},
+            "rollout": {"n": 4, "temperature": 1.0},
+        },
+        "critic": {"ppo_mini_batch_size": 2},
+    })  # fmt: skip
+    sent: list[Any] = []
+
+    def update_actor(batch: Any) -> dict[str, Any]:
+        sent.append(batch)
+        return {"metrics": {"mfu": 0.0, "pg_loss": [0.0]}}
+
+    group = SimpleNamespace(_dispatch_info={"actor": [0, 1]}, update_actor=update_actor)
+    trainer = SimpleNamespace(config=config, use_critic=False, global_steps=1, actor_rollout_wg=group,
+                              tokenizer=SimpleNamespace(eos_token_id=7))  # fmt: skip
+    batch = KVBatchMeta(keys=keys, tags=[{"seq_len": 40 + 3 * i} for i in range(len(keys))], partition_id="train")
+    metrics: dict[str, Any] = {}
+    padded = verl_minibatch.balance_episodes(trainer, batch, metrics)
+    # a: 6 rows, b: 6, c: 4, d: 10 -> mini-batches {a, b} (12 rows) and {c, d} (14): 7 rows per rank each
+    assert len(padded) == 28 and metrics[verl_minibatch.METRIC_PADDING] == 2 and len(put[0]["keys"]) == 2
+    assert metrics["global_seqlen/balanced_max"] >= metrics["global_seqlen/balanced_min"] > 0
+    original = getattr(PPOTrainer._update_actor, "__wrapped__", PPOTrainer._update_actor)
+    verl_minibatch._pinned_update(original, "actor")(trainer, padded, metrics)
+    [handed] = sent
+    assert metrics[verl_minibatch.METRIC_STEPS] == 2
+    rows = handed.extra_info["mini_batch_size"] // 2  # per rank
+    mini_batches: list[set[str]] = [set(), set()]
+    for chunk in handed.chunk(2):  # what each rank gets, cut as its make_iterator cuts it
+        assert chunk.extra_info["mini_batch_size"] == 14 and chunk.extra_info["dataloader_kwargs"]["shuffle"] is False
+        for k in range(2):
+            mini_batches[k] |= {episode_of(key)[0] for key in chunk.keys[k * rows : (k + 1) * rows]}
+    assert [m - {put[0]["keys"][0].rsplit("_", 2)[0]} for m in mini_batches] == [{"a", "b"}, {"c", "d"}]

@@ -209,12 +209,8 @@ def balance_episodes(trainer: Any, batch: Any, metrics: dict[str, Any], logging_
             f"verl padded {len(batch)} rows to {len(padded)} (planned {plan.total_rows}, no-op rows of "
             f"{SYNTHETIC_PADDING_SEQ_LEN} tokens): not the verl agentboost was written for"
         )
+    metrics.update(log_seqlen_unbalance(seqlen_list=lens, partitions=plan.ranks, prefix=logging_prefix))
     padded.reorder(plan.order)
-    position = {row: i for i, row in enumerate(plan.order)}
-    metrics.update(log_seqlen_unbalance(
-        seqlen_list=[lens[row] for row in plan.order],
-        partitions=[[position[row] for row in rank] for rank in plan.ranks], prefix=logging_prefix,
-    ))  # fmt: skip
     metrics[METRIC_ROWS] = plan.total_rows
     metrics[METRIC_PADDING] = plan.padding
     setattr(trainer, _PLAN, (list(padded.keys), plan))
