@@ -95,6 +95,9 @@ class ModelCall:
     the episode is one trajectory, else :attr:`TrajectoryInfo.messages`)."""
     trajectory: int = 0
     """Index of the trajectory (``Episode.trajectory_info``) this call belongs to."""
+    discarded: bool = False
+    """Strands dropped this reply and the agent never acted on it (a hook retried the call): kept in the
+    record, not trained (its model tokens have loss mask 0). Known when the agent's next call came."""
 
 
 class MultiTrajectoryError(ValueError):
@@ -121,8 +124,9 @@ class TrajectoryInfo:
     whole prompt of a trajectory that re-opens an agent's conversation; 0 for the first trajectory of
     an agent)."""
     trained: bool = True
-    """False for calls sampled otherwise than the episode's policy and for the calls a setting leaves out
-    of training (``RolloutSettings.train_aux_calls``): kept in the record, never a training row."""
+    """False for calls sampled otherwise than the episode's policy, for the calls a setting leaves out of
+    training (``RolloutSettings.train_aux_calls``) and for a trajectory whose every reply was discarded
+    (``ModelCall.discarded``): kept in the record, never a training row."""
     messages: list[dict[str, Any]] | None = None
     """The messages this trajectory's calls were given, with its last response (Strands format). None
     for an episode of one trajectory of one agent, whose messages are ``Episode.messages``."""
@@ -144,6 +148,7 @@ class _TokenViews:
     """The flattened views of one trajectory's segments (the prompt segment first)."""
 
     segments: list[Segment]
+    calls: list[ModelCall]
     masked: bool
 
     @property
@@ -161,9 +166,11 @@ class _TokenViews:
 
     @property
     def response_mask(self) -> list[int]:
+        """1 on model tokens, 0 on the rest, on a masked episode and on discarded calls (``ModelCall.discarded``)."""
         out: list[int] = []
+        discarded = {c.index for c in self.calls if c.discarded}
         for seg in self.segments[1:]:
-            bit = 1 if seg.kind is SegmentKind.MODEL and not self.masked else 0
+            bit = 1 if seg.kind is SegmentKind.MODEL and not self.masked and seg.call not in discarded else 0
             out.extend([bit] * len(seg.token_ids))
         return out
 

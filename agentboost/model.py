@@ -51,7 +51,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from strands.hooks import AfterToolCallEvent, BeforeModelCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
+from strands.hooks import (
+    AfterToolCallEvent,
+    BeforeModelCallEvent,
+    BeforeToolCallEvent,
+    HookProvider,
+    HookRegistry,
+    MessageAddedEvent,
+)
 from strands.middleware import ToolResultEvent
 from strands.models.model import Model
 
@@ -97,6 +104,8 @@ class _Conversation:
     """One agent's open trajectory: what its last call sent and got back."""
 
     trajectory: int
+    call: int
+    """Its last call (``Episode.calls``)."""
     agent: str
     system: str | None
     tools: list[dict[str, Any]] | None
@@ -111,6 +120,10 @@ class _Conversation:
     """The last response as a Strands message (what the trajectory record shows)."""
     sampling: SamplingParams
     """What its calls were sampled with: a call sampled otherwise opens a new trajectory."""
+    observed: bool = False
+    """Its agent has the episode's hooks: whether the last reply entered the agent's history is known."""
+    acted: bool = False
+    """The last reply entered its agent's history (Strands' ``MessageAddedEvent``): the agent acted on it."""
 
 
 @dataclass
@@ -438,13 +451,21 @@ class TokenModel(Model):
         st = self._st
         key, agent = conversation
         episode = st.episode
-        if st.pending_stop is not None:
-            raise st.pending_stop
-        if len(episode.calls) + len(st.windows) >= self.budget.max_turns:
-            raise EpisodeStop(Termination.MAX_TURNS, f"max_turns={self.budget.max_turns} reached")
         remaining_s = st.deadline - time.monotonic()
-        if remaining_s <= 0:
-            raise EpisodeTimeout(f"wall-clock budget of {self.budget.wall_clock_s}s used up")
+        stop: AgentboostError | None = st.pending_stop
+        if stop is None and len(episode.calls) + len(st.windows) >= self.budget.max_turns:
+            stop = EpisodeStop(Termination.MAX_TURNS, f"max_turns={self.budget.max_turns} reached")
+        if stop is None and remaining_s <= 0:
+            stop = EpisodeTimeout(f"wall-clock budget of {self.budget.wall_clock_s}s used up")
+        if stop is not None:
+            with st.lock:  # (a retried call ends the episode here: its discarded sample is still not trained)
+                previous = st.conversations.get(key)
+                # (what the history says of the last reply: its system prompt and tools taken as unchanged)
+                if previous is not None and _discarded(
+                    previous, _extension(previous, messages, previous.system, previous.tools)
+                ):
+                    self._discard(previous)
+            raise stop
 
         with st.lock:  # (agents a sync tool builds run their calls on other threads, on this same record)
             pending = self._prepare(messages, tool_specs, system, key, agent, sampling=self.sampling)
@@ -535,7 +556,10 @@ class TokenModel(Model):
             agent = conversation.agent  # named at its first call (later calls may see another agent's state)
         reason, detail = "start" if not st.episode.calls and not st.conversations else "new_agent", ""
         if conversation is not None:
-            reason, detail = _extension(conversation, messages, system, tools)
+            extension = _extension(conversation, messages, system, tools)
+            reason, detail, _ = extension
+            if _discarded(conversation, extension):
+                self._discard(conversation)
             before = conversation.sampling
             if not reason and not (sampling is before or _samples_like(sampling, before)):
                 reason = "sampling_changed"
@@ -566,6 +590,21 @@ class TokenModel(Model):
             logger.debug("episode %s: %s opens a new trajectory (%s%s)", st.episode.id, agent, reason,
                          f": {detail}" if detail else "")  # fmt: skip
         return _Pending(key, conversation, info, new_ids, list(new_ids), system, tools, list(messages), agent, sampling)
+
+    def _discard(self, conversation: _Conversation) -> None:
+        """Mark ``conversation``'s last call discarded: Strands dropped its reply (a hook retried the call), the
+        agent never acted on it. Kept in the record, never trained (loss mask 0); a trajectory made only of
+        discarded calls is not trained at all. (Known at the agent's next call, see :func:`_discarded`.)"""
+        episode = self._st.episode
+        call = episode.calls[conversation.call]
+        if call.discarded:
+            return
+        call.discarded = True
+        info = episode.trajectory_info[conversation.trajectory]
+        logger.debug("episode %s: call %d's reply was discarded (%s)", episode.id, call.index, info.agent)
+        if info.trained and all(c.discarded for c in episode.calls if c.trajectory == conversation.trajectory):
+            info.trained = False
+            info.detail = (f"{info.detail}; " if info.detail else "") + "every reply discarded: not trained"
 
     def _max_tokens(self, pending: _Pending) -> int:
         """This call's ``max_tokens``: what its trajectory's budgets leave. Raises when nothing is left."""
@@ -661,6 +700,7 @@ class TokenModel(Model):
         text = parsed.content or ""
         st.conversations[pending.key] = _Conversation(
             trajectory=trajectory,
+            call=call_index,
             agent=pending.agent,
             system=pending.system,
             tools=pending.tools,
@@ -671,6 +711,7 @@ class TokenModel(Model):
             response=(text, tool_ids),
             response_message=_response_message(parsed.reasoning, text, calls, tool_ids),
             sampling=pending.sampling,
+            observed=self.hooks.observes(pending.key),
         )
         if not truncated and call_index == self.budget.max_turns - 1:
             # The last call the budget allows: its tool calls would run, but their results could
@@ -790,11 +831,29 @@ class TrajectoryHooks(HookProvider):
         self.model = model
         self._agents: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
         """(conversation id, name) per agent, from its first model call on."""
+        self._keys: set[str] = set()
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
         registry.add_callback(BeforeModelCallEvent, self._before_model)
+        registry.add_callback(MessageAddedEvent, self._message_added)
         registry.add_callback(BeforeToolCallEvent, self._before_tool)
         registry.add_callback(AfterToolCallEvent, self._after_tool)
+
+    def observes(self, key: Any) -> bool:
+        """Whether the conversation ``key`` is an agent's these hooks are registered on."""
+        return key in self._keys
+
+    def _message_added(self, event: MessageAddedEvent) -> None:
+        """A reply entering its agent's history: the agent acts on it (see :func:`_discarded`)."""
+        message = event.message
+        identity = self._agents.get(event.agent)
+        if identity is None or not isinstance(message, dict) or message.get("role") != "assistant":
+            return
+        st = self.model._st
+        with st.lock:
+            conversation = st.conversations.get(identity[0])
+            if conversation is not None and _is_response(message, conversation.response):
+                conversation.acted = True
 
     def _before_model(self, event: BeforeModelCallEvent) -> None:
         agent = event.agent
@@ -806,6 +865,7 @@ class TrajectoryHooks(HookProvider):
             key, name = state.get(_STATE_KEY), getattr(agent, "name", None)
             identity = (key if isinstance(key, str) else uuid.uuid4().hex, name if isinstance(name, str) else "")
             self._agents[agent] = identity
+            self._keys.add(identity[0])
         state[_STATE_KEY], state[AGENT_NAME_KEY] = identity
 
     def _before_tool(self, event: BeforeToolCallEvent) -> None:
@@ -1006,30 +1066,40 @@ def _conversation_of(model_state: dict[str, Any] | None, invocation_state: dict[
 
 def _extension(
     conversation: _Conversation, messages: list[dict[str, Any]], system: str | None, tools: Any
-) -> tuple[str, str]:
-    """("", "") when ``messages`` (with ``system`` and ``tools``) extend what ``conversation``'s last call
-    saw, else (why a new trajectory opens, detail)."""
-    if system != conversation.system:
-        return "system_prompt_changed", "the system prompt changed"
-    if tools != conversation.tools:
-        return "tools_changed", "the tool list changed (tools are rendered once per trajectory)"
+) -> tuple[str, str, bool]:
+    """("", "", False) when ``messages`` (with ``system`` and ``tools``) extend what ``conversation``'s last
+    call saw, else (why a new trajectory opens, detail, whether the history holds what that call saw but not
+    its response after it)."""
     seen = conversation.seen
     n = len(seen)
-    if len(messages) < n or messages[:n] != seen:  # one comparison in C (identical messages compare by identity)
+    kept = len(messages) >= n and messages[:n] == seen  # one comparison in C (identical messages compare by identity)
+    missing = kept and (len(messages) == n or not _is_response(messages[n], conversation.response))
+    if system != conversation.system:
+        return "system_prompt_changed", "the system prompt changed", missing
+    if tools != conversation.tools:
+        return "tools_changed", "the tool list changed (tools are rendered once per trajectory)", missing
+    if not kept:
         pairs = zip(messages, seen, strict=False)
         first = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(messages), n))
-        return "history_rewritten", (
-            f"the history changed from message {first} on ({n} messages seen, {len(messages)} given): trimmed, "
-            "summarised, edited or reset"
-        )
-    if len(messages) == n or not _is_response(messages[n], conversation.response):
-        return "history_rewritten", (
-            "the previous response is not next in the history (a hook retried a completed call or edited or "
-            "discarded its response)"
-        )
+        detail = f"the history changed from message {first} on ({n} messages seen, {len(messages)} given)"
+        return "history_rewritten", f"{detail}: trimmed, summarised, edited or reset", False
+    if missing:
+        why = "reset or replaced" if conversation.acted else "discarded (a hook retried the call) or replaced"
+        return "history_rewritten", f"the previous response is not next in the history: {why}", True
     if len(messages) == n + 1:
-        return "history_rewritten", "called again with no new message after the previous response"
-    return "", ""
+        return "history_rewritten", "called again with no new message after the previous response", False
+    return "", "", False
+
+
+def _discarded(conversation: _Conversation, extension: tuple[str, str, bool]) -> bool:
+    """Whether the agent never acted on ``conversation``'s last reply, at its next call (``extension``: what
+    :func:`_extension` says of that call). An agent with the episode's hooks: the reply never entered its
+    history (Strands dropped it: a hook retried the call). Any other: the call is given what the last one
+    saw without the reply after it. A history that extends the reply keeps it, whatever added it."""
+    reason, _, missing = extension
+    if conversation.acted or not reason:
+        return False
+    return conversation.observed or missing
 
 
 def _is_response(message: Any, expected: tuple[str, list[str]]) -> bool:

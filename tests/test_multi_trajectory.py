@@ -16,6 +16,7 @@ from strands.agent.conversation_manager import (
     SlidingWindowConversationManager,
     SummarizingConversationManager,
 )
+from strands.hooks import AfterModelCallEvent
 
 from agentboost.agents.strands_agent import StrandsAgent
 from agentboost.backends.vllm_http import VLLMCompletionsBackend
@@ -736,3 +737,92 @@ def test_a_swarm_node_run_again_and_an_agent_used_as_a_tool_again_reopen_their_c
     opened = [(i.agent, i.opened_by) for i in episode.trajectory_info]
     assert opened == [("main", "start"), ("helper", "new_agent"), ("helper", "history_rewritten")], opened
     assert episode.trajectory_info[2].rerendered_tokens == len(episode.trajectories[2].prompt_ids)
+
+
+@pytest.mark.parametrize("retried", [0, 1])
+def test_a_reply_strands_discarded_is_kept_in_the_record_but_not_trained(retried: int) -> None:
+    # Issue 38 (6): a hook retrying a completed call discards its reply (the agent never acts on it): it stayed
+    # trained with the episode's advantage. Kept, marked, loss mask 0; a trajectory of discarded replies only
+    # is not a row.
+    from agentboost.batch import episode_rows, episodes_to_batch
+
+    template = template_for("qwen2.5")
+    script = [tool_call(template, "add", {"a": 2, "b": 3}), "It is 5 (first try).", "It is 5.", "It is 5."]
+    script = script[1:] if retried == 0 else script
+    policy = Policy(template, {"main": lambda k, _: script[k]})
+    done: list[int] = []
+
+    def retry_once(event: AfterModelCallEvent) -> None:
+        calls = len(policy.log)
+        if event.stop_response is not None and calls == retried + 1 and not done:
+            done.append(calls)
+            event.retry = True
+
+    def factory(*, model, tools, task, **defaults):
+        return Agent(model=model, tools=[add], name="main", system_prompt="ROLE=main.", hooks=[retry_once], **defaults)
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert done and episode.final_text.strip() == "It is 5."
+    assert [c.index for c in episode.calls if c.discarded] == [retried]
+    first, second = episode.trajectories
+    assert second.info.opened_by == "history_rewritten" and "discarded" in second.info.detail
+    assert first.info.trained is (retried > 0)  # a trajectory of discarded replies only is not trained
+    episode.check_invariants()
+    assert [episode.segments[2 * i + 1].token_ids for i in range(len(episode.calls))] == [o for _, _, o in policy.log]
+    for trajectory in episode.trajectories:  # the discarded reply is in the record, with loss mask 0
+        mask = dict.fromkeys(range(len(episode.calls)), 0)
+        position = 0
+        for seg in trajectory.segments[1:]:
+            mask[seg.call] += sum(trajectory.response_mask[position : position + len(seg.token_ids)])
+            position += len(seg.token_ids)
+        for call in trajectory.calls:
+            model_tokens = len(episode.segments[2 * call.index + 1].token_ids)
+            assert mask[call.index] == (0 if call.discarded else model_tokens), (trajectory.index, call.index)
+    rows = episode_rows(episode)
+    assert len(rows) == (2 if retried else 1)
+    batch = episodes_to_batch([episode], pad_token_id=0)
+    kept = sum(len(episode.segments[2 * c.index + 1].token_ids) for c in episode.calls if not c.discarded)
+    assert int(batch.response_mask.sum()) == kept
+
+
+def test_a_retried_call_that_the_turn_limit_refuses_leaves_its_discarded_reply_untrained() -> None:
+    template = template_for("qwen2.5")
+    policy = Policy(template, {"main": lambda k, _: tool_call(template, "add", {"a": k, "b": 1}) if k == 0 else "6"})
+
+    def retry_second(event: AfterModelCallEvent) -> None:
+        if event.stop_response is not None and len(policy.log) == 2:
+            event.retry = True
+
+    def factory(*, model, tools, task, **defaults):
+        return Agent(model=model, tools=[add], name="main", system_prompt="ROLE=main.", hooks=[retry_second],
+                     **defaults)  # fmt: skip
+
+    episode = run(template, policy, factory, budget=Budget(max_turns=2))
+    assert episode.termination is Termination.MAX_TURNS, episode.termination_detail
+    assert [c.discarded for c in episode.calls] == [False, True]
+    assert episode.num_trajectories == 1
+    model_tokens = [len(episode.segments[2 * c.index + 1].token_ids) for c in episode.calls]
+    assert sum(episode.response_mask) == model_tokens[0]
+
+
+def test_an_agent_reset_and_given_the_same_history_again_keeps_its_reply_trained() -> None:
+    # an agent used as a tool is reset before each use: called twice with the same input, its second call is
+    # given exactly what its first saw, as a retried call is; but it acted on its first reply (its tool result)
+    template = template_for("qwen2.5")
+
+    def main(k: int, text: str) -> str:
+        return tool_call(template, "helper", {"input": "add 2 and 3"}) if k < 2 else "Done."
+
+    policy = Policy(template, {"main": main, "helper": lambda k, _: "5"})
+
+    def team(*, model, tools, task, **defaults):
+        sub = Agent(model=model.sibling(), name="helper", system_prompt="ROLE=helper.", callback_handler=None)
+        return Agent(model=model, tools=[sub.as_tool()], name="main", system_prompt="ROLE=main.", **defaults)
+
+    episode = run(template, policy, team, budget=Budget(max_turns=10))
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    helper = [t for t in episode.trajectories if t.info.agent == "helper"]
+    assert [t.info.opened_by for t in helper] == ["new_agent", "history_rewritten"]
+    assert "reset" in helper[1].info.detail and helper[0].prompt_ids == helper[1].prompt_ids
+    assert not any(c.discarded for c in episode.calls) and all(t.info.trained for t in episode.trajectories)

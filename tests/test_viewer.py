@@ -234,7 +234,7 @@ def test_an_untrained_trajectory_shows_no_loss_token(multi, decoder) -> None:
     data = page_data(load_one(summary), decoder, tokenizer_status="t", caps=Caps(), title="t")["episodes"][0]
     assert data["trained"] == summary.num_model_tokens - aux.num_model_tokens
     row = data["trajs"][aux.index]
-    assert (row["agent"], row["trained"], row["loss"]) == ("aux", False, False)
+    assert (row["agent"], row["trained"], row["loss"]) == ("aux", False, 0)
     assert set(row["view"]["tok"]["mask"]) == {"0"}
 
 

@@ -17,7 +17,8 @@ from strands.types.exceptions import MaxTokensReachedException
 def retry_first_call(*, model: Any, tools: list[Any], task: Any, **defaults: Any) -> Any:
     """A Strands agent with a hook that retries its first model call once (``AfterModelCallEvent.retry``,
     which Strands honours before it looks at the stop reason): the retry's history no longer holds the
-    first response, so every episode is at least two trajectories with the same prompt."""
+    first response, so every episode is at least two trajectories with the same prompt. The first reply
+    was discarded: its trajectory is recorded, not trained (one row per episode)."""
     retried: list[bool] = []
 
     def retry_once(event: AfterModelCallEvent) -> None:

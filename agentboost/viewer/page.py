@@ -25,7 +25,7 @@ from ..episode import Episode, TokenTrajectory
 from ..types import Termination
 from .source import Source
 from .static import CSS, JS
-from .tokens import MAX_PROMPT_TOKENS, MAX_TOKENS, PieceDecoder, token_view, trains
+from .tokens import MAX_PROMPT_TOKENS, MAX_TOKENS, PieceDecoder, token_view, trained_tokens
 from .transcript import MAX_CHARS, MAX_ITEMS, clip, conversation, ends, finite
 
 MAX_SKIPPED_SHOWN = 50
@@ -65,10 +65,7 @@ def episode_data(episode: Episode, decoder: PieceDecoder | None, caps: Caps) -> 
     meta, cut = clip(json.dumps(episode.metadata, ensure_ascii=False, indent=1, sort_keys=True, default=repr),
                      MAX_META_CHARS)  # fmt: skip
     trajectories = episode.trajectories if several else []
-    if several:
-        trained = sum(t.num_model_tokens for t in trajectories if trains(t))
-    else:
-        trained = episode.num_model_tokens if trains(episode) else 0
+    trained = sum(trained_tokens(t) for t in trajectories) if several else trained_tokens(episode)
     return {
         "id": episode.id,
         "task": None if episode.task_id is None else str(episode.task_id),
@@ -128,7 +125,7 @@ def trajectory_data(
             "model": t.num_model_tokens,
             "rerendered": int(info.rerendered_tokens),
             "trained": bool(info.trained),
-            "loss": trains(t),
+            "loss": trained_tokens(t),
             "reward": finite(episode.reward_of(info.agent)),
             "view": view,
         })  # fmt: skip

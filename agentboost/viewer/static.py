@@ -314,8 +314,8 @@ JS = r"""
     box.dataset.index = String(tr.index);
     box.append(el("div", "traj-head", "trajectory " + tr.index + " · agent " + tr.agent + " · opened by " +
       tr.opened_by + (tr.detail ? ": " + tr.detail : "") + " · reward " + num(tr.reward, 4) +
-      (tr.trained ? "" : " · not trained (a call without an agent with train_aux_calls off, or a " +
-        "sibling model sampling otherwise)")));
+      (tr.trained ? "" : " · not trained (a call without an agent with train_aux_calls off, calls sampled " +
+        "otherwise than the policy, or replies the agent discarded)")));
     if (!tr.view) {
       box.append(el("div", "clip-note", "its conversation and tokens are not embedded (" + data.caps.trajectories +
         " trajectories per episode: the first and the last ones; agentboost view --max-trajectories N)"));
@@ -323,7 +323,7 @@ JS = r"""
     }
     box.append(conversation(tr.view));
     const unmasked = ep.masked ? "episode masked: " + ep.term : tr.trained ? "" : "trajectory not trained";
-    box.append(tokensBox(tr.view.tok, tr.loss ? tr.model : 0, unmasked));
+    box.append(tokensBox(tr.view.tok, tr.loss, unmasked));
     return box;
   }
 

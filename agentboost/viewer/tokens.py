@@ -117,6 +117,14 @@ def trains(source: Episode | TokenTrajectory) -> bool:
     return all(info.trained for info in source.trajectory_info)
 
 
+def trained_tokens(source: Episode | TokenTrajectory) -> int:
+    """The model tokens of ``source`` that carry loss (none of a discarded reply's, ``ModelCall.discarded``)."""
+    if not trains(source):
+        return 0
+    discarded = {c.index for c in source.calls if c.discarded}
+    return sum(len(s.token_ids) for s in source.segments if s.kind is SegmentKind.MODEL and s.call not in discarded)
+
+
 def token_view(
     source: Episode | TokenTrajectory,
     decoder: PieceDecoder | None,
@@ -144,6 +152,7 @@ def token_view(
     skip = len(prompt) - view.prompt_shown  # prompt tokens not shown (its head)
     budget = view.response_shown
     trained = trains(source)
+    discarded = {c.index for c in source.calls if c.discarded}  # replies the agent never acted on: loss 0
     flat: list[int] = []  # the trajectory's tokens up to the last one shown
     mask: list[str] = []
     for position, seg in enumerate(source.segments):
@@ -155,7 +164,7 @@ def token_view(
             budget -= len(take)
         if take:
             view.segments.append((seg.kind.value, seg.call, len(view.ids), len(take)))
-            bit = "1" if seg.kind is SegmentKind.MODEL and trained else "0"
+            bit = "1" if seg.kind is SegmentKind.MODEL and trained and seg.call not in discarded else "0"
             mask.append(bit * len(take))
             view.ids.extend(take)
             logprobs = seg.logprobs if seg.kind is SegmentKind.MODEL and seg.logprobs is not None else None
