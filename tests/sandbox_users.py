@@ -1,6 +1,6 @@
-"""Run a sandbox scenario as an ordinary user: as root, in a child as user nobody with a system interpreter
-(this repository's sandbox package imported on its own, stdlib only); as another user, in a child as that
-user. The scenario prints one JSON line last; :func:`as_ordinary_user` returns it."""
+"""Run a sandbox scenario as an ordinary user: as root, in a child as user nobody (or another account) with
+a system interpreter (this repository's sandbox package imported on its own, stdlib only); as another user,
+in a child as that user. The scenario prints one JSON line last; :func:`as_ordinary_user` returns it."""
 
 from __future__ import annotations
 
@@ -38,16 +38,18 @@ def _world_readable(path: Path) -> bool:
     return bool(os.stat(path).st_mode & stat.S_IROTH) and all(os.stat(p).st_mode & stat.S_IXOTH for p in path.parents)
 
 
-def as_ordinary_user(script: str, *, timeout_s: float = 180, cwd: str = "/tmp") -> dict[str, Any]:
-    """Run ``script`` (after :data:`PRELUDE`) as an ordinary user; its last JSON line. Skips where that
-    cannot be arranged."""
+def as_ordinary_user(
+    script: str, *, timeout_s: float = 180, cwd: str = "/tmp", user: tuple[int, int] = (NOBODY, NOBODY)
+) -> dict[str, Any]:
+    """Run ``script`` (after :data:`PRELUDE`) as an ordinary user (as root: ``user``, a uid and gid); its
+    last JSON line. Skips where that cannot be arranged."""
     if IS_ROOT:
         python, setpriv = system_python(), shutil.which("setpriv")
         if python is None or setpriv is None:
             pytest.skip("running as user nobody needs setpriv and a system python")
         if not _world_readable(REPO / "agentboost" / "sandbox" / "sandbox.py"):
             pytest.skip(f"{REPO} is not readable by user nobody")
-        prefix = [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python]
+        prefix = [setpriv, f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", python]
     else:
         prefix = [sys.executable]
     env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": "/tmp", "LANG": "C.UTF-8"}

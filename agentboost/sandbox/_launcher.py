@@ -8,10 +8,13 @@ rest of the launcher). It runs before anything untrusted and must not import age
 0. into the run's own cgroups (``cgroup``: it writes ``0`` to each file listed there, the v1 ``tasks``
    file or the v2 ``cgroup.procs``; it is single-threaded, so either moves all of it), so every process of
    the run counts against the run's memory, process and CPU limits; a new session keyring of its own (the
-   trainer's, with its tokens, is out of reach from here on);
-1. new network, mount, PID, IPC and UTS namespaces, in one ``unshare``: directly as root, else inside a new
-   user namespace (unprivileged user namespaces), where this uid is mapped to itself; the hostname
-   becomes ``sandbox``;
+   trainer's, with its tokens, is out of reach from here on); as an ordinary user granted subordinate ids
+   (``subids``), a user namespace mapping this uid and gid and the pool of subordinate ids, each to
+   itself (:func:`_enter_subordinate_ids`; a zygote enters it once and its children start there,
+   ``subids_entered``), where the setup goes on as root's does;
+1. new network, mount, PID, IPC and UTS namespaces, in one ``unshare``: directly as root (or in the
+   subordinate ids' namespace), else inside a new user namespace (unprivileged user namespaces), where this
+   uid is mapped to itself; the hostname becomes ``sandbox``;
 2. PID namespace: the launcher forks; the child is PID 1 of the namespace (when it exits, the kernel
    kills everything left in it). Exit statuses are passed up unchanged. A zygote child forked as root is
    born PID 1 of a new PID namespace (``born_pid1``: the zygote unshares it around the fork), so this
@@ -35,9 +38,10 @@ rest of the launcher). It runs before anything untrusted and must not import age
    with a ``report_fd`` it then kills what is left and reports the program's wait status there
    (``b"X"`` + 4 bytes: an exit status and a death by signal stay apart, unlike ``128 + N``);
 5. resource limits (CPU seconds, address space, file size, open files, processes, no core dumps);
-6. as root: drop to the run's own uid/gid (``uid``), then enter a user namespace of its own where that uid
-   is mapped to itself, so its user keyrings are the namespace's (new, gone with the run: nothing another
-   run of that uid left; where the kernel refuses, they are cleared instead); always: clear every
+6. as root or with subordinate ids: drop to the run's own uid and gid (``uid``, ``gid``: no supplementary
+   group), then enter a user namespace of its own where that uid is mapped to itself, so its user keyrings
+   are the namespace's (new, gone with the run: nothing another run of that uid left; where the kernel
+   refuses, or there is no ``/proc`` to write the maps in, they are cleared instead); always: clear every
    capability (a zygote child has no ``execve`` to do it; in a user namespace it holds them all) and
    ``no_new_privs``;
 7. the seal (``_runner.seal``): the process non-dumpable, then the system-call filter
@@ -211,6 +215,54 @@ def _user_namespace(flags):
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
+def _enter_subordinate_ids(ids):
+    """An ordinary user granted subordinate ids: a new user namespace where this process's uid and gid and
+    the pool of subordinate ids are each mapped to themselves (``ids``: the tools and both maps, from the
+    host's ``SubordinateIds.launch_spec``). Only a process outside the namespace may map ids other than its
+    own, with the host's setuid ``newuidmap`` / ``newgidmap``: a helper forked first runs them once this
+    process has unshared. In the namespace this process holds every capability over what it creates next
+    and may become any id of the pool: from here on a run is set up as root sets it up (its namespaces,
+    then the drop to its own uid and gid). OSError (naming the tool and its complaint) where it fails."""
+    target = str(os.getpid())
+    go_r, go_w = os.pipe()
+    err_r, err_w = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        status = 1
+        try:
+            os.close(go_w)
+            os.close(err_r)
+            if os.read(go_r, 1) == b"u":  # (end of file: the unshare failed, nothing to map)
+                status = 0
+                for tool, mapping in ((ids["newuidmap"], ids["uid_map"]), (ids["newgidmap"], ids["gid_map"])):
+                    argv = [tool, target, *(str(n) for n in mapping)]
+                    pid = os.posix_spawn(tool, argv, {}, file_actions=[(os.POSIX_SPAWN_DUP2, err_w, 1),
+                                                                       (os.POSIX_SPAWN_DUP2, err_w, 2)])  # fmt: skip
+                    if os.waitpid(pid, 0)[1] != 0:
+                        status = 1
+                        break
+        finally:
+            os._exit(status)
+    os.close(go_r)
+    os.close(err_w)
+    try:
+        try:
+            _unshare(CLONE_NEWUSER)
+        except OSError:
+            os.close(go_w)
+            go_w = -1
+            raise
+        os.write(go_w, b"u")
+    finally:
+        if go_w >= 0:
+            os.close(go_w)
+        _, status = os.waitpid(helper, 0)
+        complaint = os.read(err_r, 1024).decode(errors="replace").strip()
+        os.close(err_r)
+    if status != 0:
+        raise OSError(1, f"{ids['newuidmap']} / {ids['newgidmap']} failed: {complaint or 'no message'}")
+
+
 def _keyctl(*args):
     number = KEYCTL.get(os.uname().machine)
     if number is None:
@@ -232,9 +284,13 @@ def _new_session_keyring():
 
 
 def _own_user_keyrings(uid):
-    """As root, after dropping to the run's uid: a user namespace of its own, so the user keyrings the
-    program finds are new (another run of this uid, earlier or later, never sees them); else clear them."""
+    """After dropping to the run's uid (as root, or from the subordinate ids' namespace): a user namespace
+    of its own, so the user keyrings the program finds are new (another run of this uid, earlier or later,
+    never sees them); else clear them. Not without a ``/proc`` to write its maps in (a fresh root without
+    a PID namespace): unmapped, the program would see itself as the overflow uid."""
     try:
+        if not os.path.exists("/proc/self/uid_map"):
+            raise OSError(2, "no /proc to map the run's uid in")
         _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its /proc files are its own again (credentials changed)
         _user_namespace(0)
         return
@@ -464,29 +520,31 @@ def _staged(workdir):
     return files
 
 
-def _private_workdir(target, files, fs, uid):
-    """A size- and inode-limited tmpfs at ``target`` holding ``files`` (owned by ``uid`` as root)."""
+def _private_workdir(target, files, fs, owner):
+    """A size- and inode-limited tmpfs at ``target`` holding ``files`` (owned by the run's ``(uid, gid)``
+    where it has its own)."""
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "700"))
-    _write_files(target, files, uid)
+    _write_files(target, files, owner)
 
 
-def _write_files(target, files, uid):
-    """``files`` ((name, bytes, mode) each) written into the directory ``target`` (owned by ``uid`` as root)."""
+def _write_files(target, files, owner):
+    """``files`` ((name, bytes, mode) each) written into the directory ``target`` (owned by the run's
+    ``(uid, gid)`` where it has its own)."""
     for name, data, mode in files:
         fd = os.open(target + "/" + name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            if uid is not None:
-                os.fchown(fd, uid, uid)
+            if owner is not None:
+                os.fchown(fd, *owner)
         finally:
             os.close(fd)
-    if uid is not None:
-        os.chown(target, uid, uid)
+    if owner is not None:
+        os.chown(target, *owner)
 
 
-def _fresh_root(fs, workdir, proc, uid):
+def _fresh_root(fs, workdir, proc, owner):
     """Build the deny-by-default root (see the module doc, step 3) and switch into it. The stage is new
     and empty, so its skeleton (mount points, links) is made without looking; the read-only binds go in
     first and are made read-only together, then what stays writable (devices, /tmp, /dev/shm, workdir).
@@ -525,7 +583,7 @@ def _fresh_root(fs, workdir, proc, uid):
         _bind("/dev/" + name, stage + "/dev/" + name, MS_NOSUID | MS_NOEXEC)
     if in_tmp:
         skeleton.dir(stage + workdir)  # inside the private /tmp just mounted
-    _private_workdir(stage + workdir, _staged(workdir), fs, uid)
+    _private_workdir(stage + workdir, _staged(workdir), fs, owner)
     if proc:
         _mount_proc(stage + "/proc")
     _pivot(stage)
@@ -563,7 +621,7 @@ def build_template(key):
     return True
 
 
-def _from_template(fs, workdir, files, proc, uid):
+def _from_template(fs, workdir, files, proc, owner):
     """A run's fresh root on its copy of the zygote's template (:func:`build_template`): private ``/tmp``,
     ``/dev/shm``, what the plan puts there, the working directory (in a private tmpfs over its parent,
     holding ``files``: sent with the request, or staged on the host), ``/proc``; then ``pivot_root``."""
@@ -585,13 +643,13 @@ def _from_template(fs, workdir, files, proc, uid):
     _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=8,mode=755")
     os.mkdir(stage + workdir, 0o700)
     _mount(None, parent, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    _private_workdir(stage + workdir, files, fs, uid)
+    _private_workdir(stage + workdir, files, fs, owner)
     if proc:
         _mount_proc(stage + "/proc")
     _pivot(stage)
 
 
-def _deny_list(cfg, proc, files=None):
+def _deny_list(cfg, proc, files, owner):
     """The host's tree with private temporary directories, a private working directory and the ``hidden``
     directories covered."""
     limits = {"tmp_mb": cfg.get("tmp_mb", 64), "max_files": cfg.get("max_files", 4096)}
@@ -603,7 +661,7 @@ def _deny_list(cfg, proc, files=None):
     try:
         if not os.path.isdir(workdir):  # under a private /tmp just mounted (non-root): made again there
             os.makedirs(workdir, 0o700)
-        _private_workdir(workdir, files, limits, cfg.get("uid") if os.geteuid() == 0 else None)
+        _private_workdir(workdir, files, limits, owner)
     except OSError as exc:
         _note(f"no-workdir-tmpfs {exc}")
     for target in cfg.get("hidden", []):
@@ -646,13 +704,21 @@ def _drop_capabilities():
 def prepare(cfg):
     """Set up every layer; returns in the program's process, ready to ``exec`` (see :func:`main`).
     Works in a process started for the purpose or freshly forked: it relies on no launcher state."""
-    root = os.geteuid() == 0
+    privileged = os.geteuid() == 0  # (root, or holding every capability over the subordinate ids' namespace)
     os.umask(0o022)
     _die_with_parent()
     _join_cgroups(cfg.get("cgroup", ()))
     _new_session_keyring()
+    if cfg.get("subids") is not None:
+        privileged = bool(cfg.get("subids_entered"))  # (a zygote's child: the zygote entered it)
+        if not privileged:
+            try:
+                _enter_subordinate_ids(cfg["subids"])
+                privileged = True
+            except OSError as exc:
+                _note(f"no-subordinate-ids {exc}")
     born_pid1 = bool(cfg.get("born_pid1") and cfg.get("pid"))  # forked into a new PID namespace (zygote)
-    got = _enter_namespaces({**cfg, "pid": False} if born_pid1 else cfg, root)
+    got = _enter_namespaces({**cfg, "pid": False} if born_pid1 else cfg, privileged)
     if born_pid1:
         got |= CLONE_NEWPID
     _die_with_parent()  # again: changing credentials (a user namespace) may clear it
@@ -682,7 +748,11 @@ def prepare(cfg):
             _reap_until(program, report)
         _libc.signal(SIGINT, SIG_DFL)
         _die_with_parent()
-    uid = cfg.get("uid") if root else None
+    uid = cfg.get("uid") if privileged else None
+    if uid is not None and cfg.get("subids") is not None and not got & CLONE_NEWNS:
+        _note("no-separate-uid no mount namespace: the run's files are the trainer's, unreadable to another uid")
+        uid = None
+    owner = (uid, cfg.get("gid", uid)) if uid is not None else None
     files = _sent_files(cfg)  # (sent only for a template root; a run that falls back writes them itself)
     if got & CLONE_NEWNS:
         try:
@@ -694,21 +764,21 @@ def prepare(cfg):
             if cfg.get("fs"):
                 try:
                     if cfg.get("template"):  # the zygote built the rest once (its mount namespace, copied)
-                        _from_template(cfg["fs"], cfg["workdir"], files, bool(got & CLONE_NEWPID), uid)
+                        _from_template(cfg["fs"], cfg["workdir"], files, bool(got & CLONE_NEWPID), owner)
                     else:
-                        _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), uid)
+                        _fresh_root(cfg["fs"], cfg["workdir"], bool(got & CLONE_NEWPID), owner)
                     built = True
                 except OSError as exc:
                     _note(f"no-fresh-root {exc}")
             if not built:
-                _deny_list(cfg, bool(got & CLONE_NEWPID), files)
+                _deny_list(cfg, bool(got & CLONE_NEWPID), files, owner)
     else:
         _note("no-workdir-tmpfs no mount namespace")
         if files:
             # Sent for a template root this run could not have: in the host's directory after all (it stays
             # there, empty, until the next sandbox of this root sweeps it: the host staged nothing to remove).
             os.makedirs(cfg["workdir"], 0o700, exist_ok=True)
-            _write_files(cfg["workdir"], files, uid)
+            _write_files(cfg["workdir"], files, owner)
     if report is not None:
         os.close(report)  # the program never holds the status channel
 
@@ -719,10 +789,10 @@ def prepare(cfg):
         except (ValueError, OSError) as exc:
             _note(f"no-{name} {exc}")
 
-    if uid is not None:
+    if owner is not None:
         try:
             os.setgroups([])
-            os.setgid(uid)
+            os.setgid(owner[1])
             os.setuid(uid)
         except OSError as exc:
             _note(f"no-uid-drop {exc}")

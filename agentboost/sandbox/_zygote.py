@@ -66,10 +66,19 @@ def _send(fd, payload, pass_fd=None):
         sock.detach()
 
 
-def serve(control_fd, template=None):
-    """Serve run requests until the host goes away. Returns only in a forked child: its configuration."""
+def serve(control_fd, template="", subids=""):
+    """Serve run requests until the host goes away. Returns only in a forked child: its configuration.
+    ``template``: hex of the template root's key (as root), ``subids``: hex of the subordinate ids' launch
+    spec (an ordinary user granted them: the zygote enters their user namespace once, before serving, and
+    its children set their runs up from there); "" for none."""
     control = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, control_fd)
     _launcher._new_session_keyring()  # not the trainer's (each run joins a new one of its own anyway)
+    if subids:
+        try:
+            _launcher._enter_subordinate_ids(marshal.loads(bytes.fromhex(subids)))
+        except OSError as exc:
+            sys.stderr.write(f"zygote: no subordinate ids: {exc}\n")
+            os._exit(1)
     own_pid_ns = _own_pid_namespace()
     parent = _template(bytes.fromhex(template)) if template and own_pid_ns is not None else None
     _launcher.warm()
@@ -104,6 +113,7 @@ def serve(control_fd, template=None):
                 cfg = marshal.loads(message)
                 cfg["template"] = bool(parent and cfg.get("fs") and cfg.get("mount") and
                                        cfg["workdir"].rpartition("/")[0] == parent)  # fmt: skip
+                cfg["subids_entered"] = bool(subids)
                 if "files" in cfg and not cfg["template"]:  # (the host sends files only to a templated zygote)
                     raise ValueError("run files sent for a run without the template root")
                 pid, born_pid1 = _fork(cfg, own_pid_ns)

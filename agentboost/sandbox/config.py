@@ -38,7 +38,15 @@ class SandboxConfig:
     uid_count: int = 1000
     """As root, each running program gets a uid of ``uid_base .. uid_base + uid_count - 1`` no other live
     run on the host holds (leased with a lock file, so worker processes never share one) and no account of
-    the host has (uids and gids of the host's accounts are skipped)."""
+    the host has (uids and gids of the host's accounts are skipped). As an ordinary user the host grants
+    subordinate ids (``newuidmap``/``newgidmap`` installed, an ``/etc/subuid`` and ``/etc/subgid`` entry),
+    each gets a uid and gid of the last ``uid_count`` of its range the same way (``uid_base`` unused):
+    ``isolation()["uid_setup"]`` says which, or what is missing."""
+    require_separate_uid: bool = False
+    """Refuse to run (:class:`SandboxUnavailable`, from the constructor or the first run) where programs
+    would keep this process's uid: as an ordinary user the host grants no subordinate ids (the message
+    names what is missing), with ``drop_privileges=False``, or where the probe run did not get one. False:
+    runs go on, with a WARNING naming what is missing."""
     uid_wait_s: float = 60.0
     """How long a run waits for a free uid before :class:`SandboxUnavailable`."""
     slots: int = 16
@@ -105,7 +113,7 @@ class SandboxResult:
     wall_s: float = 0.0
     isolation_notes: list[str] = field(default_factory=list)
     uid: int | None = None
-    """The uid the program ran as when it had its own (root), else None."""
+    """The uid leased for the program (its own: as root, or a subordinate id), else None."""
     stdout_size: int | None = None
     """Bytes the program wrote to stdout, read up to the cap (``stdout`` may keep fewer: a run's
     ``stdout_keep``); None where not counted (``stdout`` is all of it)."""

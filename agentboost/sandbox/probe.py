@@ -49,6 +49,7 @@ class ProbedSandbox(Protocol):
     _zygotes: ZygotePool | None
     _filters: Filters | None
     _filter_why: str
+    _uid_setup: str
     _warmer: Warmer | None
 
     def _find_cgroups(self) -> tuple[Cgroups | None, str]: ...
@@ -180,6 +181,8 @@ def _layers(
         notes.append(f"no-cgroup {box._cgroup_why}")
     if box._filters is None:
         notes.append(f"no-seccomp {box._filter_why}")
+    if result.uid is None:
+        notes.append(f"no-separate-uid {box._uid_setup.removeprefix('none: ')}")
     iso = report_layers(data, notes, config=box.config, is_root=box._is_root, run_uid=result.uid, host=host,
                         fresh_root_planned=box._plan is not None, cgroup_name=group)  # fmt: skip
     fresh = iso["deny_by_default_fs"]
@@ -190,5 +193,6 @@ def _layers(
         "exposed_paths": [p for p in box._hide if p not in hidden],
         "visible_paths": list(box._plan.visible) if fresh and box._plan is not None else None,
         "cgroup_setup": box._cgroup_why,
+        "uid_setup": box._uid_setup,
     })  # fmt: skip
     return iso

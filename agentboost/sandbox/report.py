@@ -18,9 +18,10 @@ logger = logging.getLogger(__name__)
 
 LAYERS: dict[str, str] = {
     "rlimits": "no CPU, memory, file-size or process limits: a runaway program can exhaust the host",
-    "unprivileged_uid": "the program runs as this process's uid (only root can give it a uid of its own): "
-    "it can write what this uid can write wherever it can see it; the PID namespace is what stops it "
-    "signalling other processes",
+    "unprivileged_uid": "the program runs as this process's uid (a uid of its own needs root, or subordinate "
+    "ids as an ordinary user: newuidmap and newgidmap, an /etc/subuid and /etc/subgid entry; the no-separate-uid "
+    "note says what is missing): it can read and write what this uid can wherever it can see it; the PID "
+    "namespace is what stops it signalling this uid's processes, the filter what keeps it from this uid's keys",
     "network_namespace": "the program has this host's network (it can reach local services and the internet)",
     "mount_namespace": "the program sees this host's whole filesystem: datasets with gold answers, caches and "
     "home directories are readable wherever file permissions allow",
@@ -148,7 +149,7 @@ def layers(
     keyring = data.get("keyring")
     host_keyring = host.get("keyring")
     session_private = keyring is None or keyring <= 0 or host_keyring is None or keyring != host_keyring
-    user_private = not (is_root and run_uid is not None) or "no-user-keyring-namespace" not in text
+    user_private = run_uid is None or "no-user-keyring-namespace" not in text
     groups = data.get("cgroup") or ""
     in_cgroup = cgroup_name is not None and "no-cgroup" not in text and _in_group(groups, cgroup_name)
     _, files = data.get("workdir") or [0, 0]
@@ -220,10 +221,17 @@ def log_isolation(iso: dict[str, Any]) -> None:
             "sandbox isolation: all layers active (%s; namespaces: %s, interpreter %s); %s",
             ", ".join(LAYERS), iso.get("namespaces"), iso.get("python"), start,
         )  # fmt: skip
-    if os.geteuid() != 0 and iso.get("cgroup") is False:
-        setup = iso.get("cgroup_setup") or "no cgroup"
+    if os.geteuid() != 0 and iso.get("cgroup") is False and iso.get("unprivileged_uid") is False:
         logger.warning(
-            "sandbox runs have NEITHER a cgroup NOR a uid of their own (uid %d; %s; per-run uids need root): "
-            "limits are per process, and a run may use what this uid may (its files, pipe and process quotas)",
-            os.geteuid(), setup,
+            "sandbox runs have NEITHER a cgroup NOR a uid of their own (uid %d; cgroup: %s; uid: %s): limits "
+            "are per process, and a run may use what this uid may (its files, pipe and process quotas)",
+            os.geteuid(), iso.get("cgroup_setup") or "none", uid_missing(iso),
         )  # fmt: skip
+
+
+def uid_missing(iso: dict[str, Any]) -> str:
+    """Why runs got no uid of their own: the launcher's note where it failed, else what the host lacks."""
+    for note in iso.get("notes", ()):
+        if note.startswith(("no-subordinate-ids ", "no-separate-uid ", "no-uid-drop ")):
+            return note
+    return str(iso.get("uid_setup") or "none")

@@ -17,11 +17,15 @@ Every execution gets:
   namespace whose root is built from nothing (deny-by-default, :mod:`agentboost.sandbox.rootfs`): its
   working directory, the interpreter, standard library and shared libraries (read-only), a minimal
   ``/dev`` and a private ``/tmp``; no other host file (datasets with gold answers, caches, home);
-* as root only: its own uid, leased host-wide for the run (:mod:`agentboost.sandbox.uids`; never a host
+* its own uid and gid, leased host-wide for the run (:mod:`agentboost.sandbox.uids`; never a host
   account's), in a user namespace of its own (so its user keyrings are new), so runs cannot signal each
-  other and cleanup by uid only ever kills the run's own processes. As non-root the program keeps this
-  process's uid (in a user namespace of the run's); the PID namespace is what stops it signalling other
-  processes.
+  other or this process, cannot read this process's files by owner permission, and cleanup by uid only
+  ever kills the run's own processes: as root from ``SandboxConfig.uid_base``; as an ordinary user from
+  the subordinate ids the host grants it (``/etc/subuid``, ``/etc/subgid``, the setuid ``newuidmap`` and
+  ``newgidmap``). Without them the program keeps this process's uid (in a user namespace of the run's):
+  the PID namespace is what stops it signalling other processes, the filter and the private ``/proc``
+  what keep it from this uid's keys, and ``isolation()["uid_setup"]`` says what is missing
+  (``SandboxConfig(require_separate_uid=True)`` refuses to run then).
 
 Which layers are active on this machine is probed once with a real execution (:meth:`Sandbox.isolation`)
 and logged: WARNING naming every missing layer and what it means, INFO when all are active
@@ -77,12 +81,12 @@ from .process import (
     split_notes,
     wait_within,
 )
-from .report import LAYERS, log_isolation
+from .report import LAYERS, log_isolation, uid_missing
 from .rootfs import RootPlan
 from .seccomp import Filters
 from .seccomp import available as seccomp_filters
 from .slots import SlotLease, Slots
-from .uids import UidLease, kill_uid, lock_dir, try_lease
+from .uids import SubordinateIds, UidLease, host_account, kill_uid, lock_dir, subordinate_ids, try_lease
 from .workdir import dispose_workdir, janitor, make_root, make_workdir, workdir_path
 from .zygote import Zygote, ZygoteError, ZygotePool
 
@@ -161,10 +165,14 @@ class Sandbox:
         self._python: str | None = None
         self._plan: RootPlan | None = None
         self._template_cached: tuple[bytes | None] | None = None
-        self._root = make_root(self.config.root, self._is_root)
+        self._subids, self._uid_setup = self._run_identities()
+        self._subid_spec = self._subids.launch_spec() if self._subids is not None else None
+        self._root = make_root(self.config.root, self._is_root, traversable=self._subids is not None)
         self._stage = self._root / ".stage"
         self._stage.mkdir(mode=0o755, exist_ok=True)
         self._lock_dir = lock_dir() if self._uses_uids else None
+        if self.config.require_separate_uid and not self._uses_uids:
+            raise SandboxUnavailable(self._refusal(self._uid_setup))
         self._hide = hide_candidates(self.config.hidden_paths, self._root)
         self._hidden: dict[str, list[str]] = {}
         self._zygotes: ZygotePool | None = None
@@ -181,7 +189,24 @@ class Sandbox:
 
     @property
     def _uses_uids(self) -> bool:
-        return self._is_root and self.config.drop_privileges
+        return self.config.drop_privileges and (self._is_root or self._subids is not None)
+
+    def _run_identities(self) -> tuple[SubordinateIds | None, str]:
+        """Where runs' uids come from (the subordinate ids, as an ordinary user granted them) and the line
+        ``isolation()["uid_setup"]`` gives: which, or what is missing."""
+        c = self.config
+        if not c.drop_privileges:
+            return None, "none: SandboxConfig(drop_privileges=False)"
+        if self._is_root:
+            return None, f"root: uids {c.uid_base}-{c.uid_base + c.uid_count - 1}"
+        if not c.private_tmp:
+            return None, "none: SandboxConfig(private_tmp=False) (a run's files would be this uid's only)"
+        ids, why = subordinate_ids(c.uid_count)
+        return (ids, ids.describe()) if ids is not None else (None, f"none: {why}")
+
+    def _refusal(self, why: str) -> str:
+        return (f"runs would keep this process's uid {os.geteuid()} ({why.removeprefix('none: ')}), and "
+                "SandboxConfig(require_separate_uid=True) asks for a uid of their own")  # fmt: skip
 
     # -- public API ---------------------------------------------------------------------
     def isolation(self) -> dict[str, Any]:
@@ -189,9 +214,10 @@ class Sandbox:
         :data:`LAYERS` as True/False, plus ``python``, ``namespaces``,
         ``hidden_paths``, ``exposed_paths``, ``visible_paths`` (the host paths a deny-by-default root
         shows, read-only; None without one), ``cgroup_setup`` (where runs' cgroups are made, or why none
-        can be), ``zygote`` (runs fork from warm interpreters; when False a ``no-zygote`` note says why),
-        ``locale`` (the program's ``LC_CTYPE`` and UTF-8 mode at start) and ``notes``. Logged once per
-        process."""
+        can be), ``uid_setup`` (where runs' uids come from: root's range, the subordinate ids, or
+        ``none: <what is missing>``), ``zygote`` (runs fork from warm interpreters; when False a
+        ``no-zygote`` note says why), ``locale`` (the program's ``LC_CTYPE`` and UTF-8 mode at start) and
+        ``notes``. Logged once per process."""
         if self._isolation is None:
             with self._probe_lock:
                 if self._isolation is None:
@@ -219,6 +245,7 @@ class Sandbox:
         del kill_on_overflow
         if self._isolation is None:
             await asyncio.to_thread(self.isolation)
+        self._check_identity()
         lease = await self.slots.acquire()
         try:
             uid = await self._lease_uid(lease.slot)
@@ -257,7 +284,7 @@ class Sandbox:
         env = self._program_env("/")
         if locale[0] == "C":
             env["LC_ALL"] = "C"  # the C locale, as in the program's root (a run's environment is its own)
-        return Zygote(self._program_argv(python)[:-1], env, self._template_key())
+        return Zygote(self._program_argv(python)[:-1], env, self._template_key(), self._subid_spec)
 
     def _template_key(self) -> bytes | None:
         """:meth:`_template`, computed once the root plan is known (by the isolation probe)."""
@@ -300,17 +327,31 @@ class Sandbox:
 
     # -- run identities ------------------------------------------------------------------
     async def _lease_uid(self, slot: int) -> UidLease | None:
-        """A uid no other live run on this host holds and no host account has (root only); tried from
-        ``uid_base + slot``."""
+        """A uid no other live run on this host holds and no host account has (as root, or from the
+        subordinate ids); tried from the pool's first + ``slot``."""
         if self._lock_dir is None:
             return None
         c = self.config
+        ids = self._subids
+        first, count = (c.uid_base, c.uid_count) if ids is None else (ids.uid_first, ids.count)
+        skip = host_account if ids is None else ids.taken
         deadline = time.monotonic() + c.uid_wait_s
-        while (lease := try_lease(self._lock_dir, c.uid_base, c.uid_count, slot)) is None:
+        while (lease := try_lease(self._lock_dir, first, count, slot, skip)) is None:
             if time.monotonic() > deadline:
-                raise SandboxUnavailable(f"all {c.uid_count} sandbox uids from {c.uid_base} held for {c.uid_wait_s}s")
+                raise SandboxUnavailable(f"all {count} sandbox uids from {first} held for {c.uid_wait_s}s")
             await asyncio.sleep(0.05)
         return lease
+
+    def _stager(self, uid: int | None) -> int | None:
+        """Who owns a run's staged files on the host: its uid as root; else this process (the launcher
+        reads them before it drops to the run's subordinate uid, and writes them into the run's tmpfs)."""
+        return uid if self._is_root else None
+
+    def _check_identity(self) -> None:
+        """``require_separate_uid``: refuse where the probe found runs keeping this process's uid."""
+        iso = self._isolation
+        if self.config.require_separate_uid and iso is not None and not iso["unprivileged_uid"]:
+            raise SandboxUnavailable(self._refusal(uid_missing(iso)))
 
     def _contained_by_pid_namespace(self) -> bool:
         """Every process of a run lives in its PID namespace (dies with it): no sweep by uid needed."""
@@ -398,6 +439,8 @@ class Sandbox:
             "argv": self._program_argv(python, script),
             "env": self._program_env(str(workdir)),
             "uid": uid,
+            "gid": self._subids.gid(uid) if self._subids is not None and uid is not None else uid,
+            "subids": self._subid_spec if uid is not None else None,
             "net": c.isolate_network,
             "mount": c.private_tmp,
             "pid": c.pid_namespace,
@@ -490,6 +533,7 @@ class Sandbox:
         cleaned up when the block ends. Takes a slot (``run.lease``) and a run identity like :meth:`run`."""
         if self._isolation is None:
             await asyncio.to_thread(self.isolation)
+        self._check_identity()
         lease = await self.slots.acquire()
         try:
             uid = await self._lease_uid(lease.slot)
@@ -529,9 +573,10 @@ class Sandbox:
         if not staged:  # the zygote's child writes them into the run's own tmpfs: no host files at all
             workdir = workdir_path(self._root)
         elif size <= _INLINE_BYTES:
-            workdir = make_workdir(self._root, files, uid)  # a directory and small files: less than a thread hop
+            # a directory and small files: less than a thread hop
+            workdir = make_workdir(self._root, files, self._stager(uid))
         else:
-            workdir = await asyncio.to_thread(make_workdir, self._root, files, uid)
+            workdir = await asyncio.to_thread(make_workdir, self._root, files, self._stager(uid))
         group = None
         try:
             group = self._take_cgroup(SESSION_MB if session else 0)
@@ -580,7 +625,7 @@ class Sandbox:
         sent = _memory_file(files) if files is not None and zygote is not None and zygote.templated else None
         staged = False
         if files is not None and zygote is not None and sent is None:  # staged on the host after all
-            await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
+            await asyncio.to_thread(make_workdir, self._root, files, self._stager(uid), workdir)
             files, staged = None, True
         if zygote is not None:
             ends = pipes(3)
@@ -601,7 +646,7 @@ class Sandbox:
                 if sent:
                     os.close(sent[0])
         if files is not None:  # not staged for the zygote: a started launcher reads them from the host
-            await asyncio.to_thread(make_workdir, self._root, files, uid, workdir)
+            await asyncio.to_thread(make_workdir, self._root, files, self._stager(uid), workdir)
             staged = True
         ends = pipes(4)
         config = {**config, "report_fd": ends[3][1], "boot": _cold_boot()}

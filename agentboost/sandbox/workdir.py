@@ -34,9 +34,10 @@ _RETRY_S = 0.02
 _GIVE_UP_S = 30.0
 
 
-def make_root(configured: str | None, is_root: bool) -> Path:
-    """The directory of working directories: private to this uid (traversable by sandbox uids as root).
-    Working directories a process that died left there are removed (by the janitor)."""
+def make_root(configured: str | None, is_root: bool, traversable: bool = False) -> Path:
+    """The directory of working directories: private to this uid (traversable by sandbox uids as root, or
+    ``traversable``: runs of subordinate uids). Working directories a process that died left there are
+    removed (by the janitor)."""
     if configured:
         root = Path(configured)
         root.mkdir(parents=True, exist_ok=True)
@@ -50,7 +51,7 @@ def make_root(configured: str | None, is_root: bool) -> Path:
         info = os.lstat(root)
         if not root.is_dir() or root.is_symlink() or info.st_uid != os.geteuid():
             root = Path(tempfile.mkdtemp(prefix="agentboost-sandbox-"))  # someone else's: not ours to use
-    os.chmod(root, 0o711 if is_root else 0o700)
+    os.chmod(root, 0o711 if is_root or traversable else 0o700)
     _sweep_dead(root)
     return root
 

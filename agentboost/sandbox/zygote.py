@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 _DIR = str(Path(__file__).parent)
 _BOOT = (
     "import sys;b=(frozenset(sys.modules),tuple(sys.path),frozenset(sys.path_importer_cache));"
-    f"sys.path.append({_DIR!r});import _zygote as z;z.run(z.serve(int(sys.argv[1]),(sys.argv[2:]or[None])[0]),b)"
+    f"sys.path.append({_DIR!r});import _zygote as z;z.run(z.serve(int(sys.argv[1]),*sys.argv[2:]),b)"
 )
 """Captures the interpreter's start-up state before importing anything (restored for every program)."""
 _START_TIMEOUT_S = 30.0
@@ -144,11 +144,13 @@ class ZygoteRun:
 class Zygote:
     """A warm interpreter that forks sandbox runs (module doc). Thread-safe."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], template: bytes | None = None) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], template: bytes | None = None,
+                 subids: dict[str, Any] | None = None) -> None:  # fmt: skip
         """``argv``: the program's interpreter and flags (``[python, "-I", "-B", "-S"]``); ``env``: the
         run environment (each run brings its own; the zygote's only shapes the interpreter's start);
         ``template``: what the read-only part of the runs' root is built from, once, in the zygote (as
-        root; see ``_launcher.build_template``)."""
+        root; see ``_launcher.build_template``); ``subids``: the subordinate ids' launch spec (an ordinary
+        user's runs get uids of their own: ``SubordinateIds.launch_spec``)."""
         self._owner = os.getpid()
         self._lock = threading.Lock()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -158,7 +160,8 @@ class Zygote:
             # episode's (and kills them when it ends); the zygote belongs to the process, not an episode.
             self._proc = contextvars.Context().run(
                 subprocess.Popen,
-                [*argv, "-c", _BOOT, str(theirs.fileno()), *([template.hex()] if template else [])],
+                [*argv, "-c", _BOOT, str(theirs.fileno()), template.hex() if template else "",
+                 marshal.dumps(subids).hex() if subids else ""],
                 pass_fds=[theirs.fileno()], env=env, cwd="/", start_new_session=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )  # fmt: skip
