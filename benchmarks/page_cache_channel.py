@@ -120,7 +120,7 @@ def one_round(box: Sandbox, path: str, bits: int, evict: bool) -> dict[str, floa
 
 
 def measure(keep_cached: bool, bits: int, rounds: int) -> dict[str, object]:
-    box = Sandbox(SandboxConfig(keep_cached=keep_cached))
+    box = Sandbox(SandboxConfig(keep_cached=keep_cached, root_in_memory=False))
     try:
         iso = box.isolation()
         path = largest_library([op[1] for op in box._plan.ops if op[0] == "ro"] if box._plan else [])

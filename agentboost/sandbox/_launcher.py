@@ -448,9 +448,10 @@ def _read_only_tree(path):
     return done == 0
 
 
-def _lay_out(stage, skeleton, ops):
-    """Make the plan's links and the mount points of its binds in the stage; returns the host paths to
-    bind and the stage paths to hide."""
+def _lay_out(stage, skeleton, ops, mirror):
+    """Make the plan's links and the mount points of its binds in the stage; returns what to bind, as
+    (source, target) pairs, and the stage paths to hide. A bind's source is the host path, below
+    ``mirror`` where the host copied the plan's files into memory (:mod:`agentboost.sandbox.mirror`)."""
     binds, hides = [], []
     for op in ops:
         kind, path = op[0], op[1]
@@ -459,21 +460,21 @@ def _lay_out(stage, skeleton, ops):
             os.symlink(op[2], stage + path)
         elif kind == "ro":
             skeleton.dir(stage + path) if op[2] else skeleton.file(stage + path)
-            binds.append(path)
+            binds.append((mirror + path, stage + path))
         elif kind == "hide":
             hides.append(stage + path)
     return binds, hides
 
 
-def _bind_and_hide(stage, binds, hides):
-    """Bind each host path at its place in the stage (not yet read-only), then cover the hidden ones."""
-    for path in binds:
+def _bind_and_hide(binds, hides):
+    """Bind each source at its place in the stage (not yet read-only), then cover the hidden ones."""
+    for source, target in binds:
         try:
-            _mount(path, stage + path, None, MS_BIND, None)
+            _mount(source, target, None, MS_BIND, None)
         except OSError as exc:
             if exc.errno != EINVAL:  # EINVAL: locked mounts below it (user namespace); take them along
                 raise
-            _mount(path, stage + path, None, MS_BIND | MS_REC, None)
+            _mount(source, target, None, MS_BIND | MS_REC, None)
     for target in hides:
         _mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=555")
 
@@ -554,7 +555,8 @@ def _fresh_root(fs, workdir, proc, owner):
     _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     skeleton = _Skeleton(stage)
     private = [op for op in fs["ops"] if op[1].startswith(PRIVATE_DIRS)]
-    binds, hides = _lay_out(stage, skeleton, [op for op in fs["ops"] if not op[1].startswith(PRIVATE_DIRS)])
+    mirror = fs.get("mirror", "")
+    binds, hides = _lay_out(stage, skeleton, [op for op in fs["ops"] if not op[1].startswith(PRIVATE_DIRS)], mirror)
     for name in DEVICES:
         skeleton.file(stage + "/dev/" + name)
     for name, target in DEV_LINKS:
@@ -566,19 +568,15 @@ def _fresh_root(fs, workdir, proc, owner):
         skeleton.dir(stage + workdir)
     if proc:
         skeleton.dir(stage + "/proc", 0o555)
-    _bind_and_hide(stage, binds, hides)
+    _bind_and_hide(binds, hides)
     read_only = _read_only_tree(stage)
     if not read_only:
-        for path in binds:
-            _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+        for source, target in binds:
+            _remount(source, target, MS_RDONLY | MS_NOSUID | MS_NODEV)
     for directory in ("/tmp", "/dev/shm"):
         _mount("tmpfs", stage + directory, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, _tmpfs_options(fs, "1777"))
     if private:  # inside the private tmpfs just mounted; each bind made read-only on its own
-        private_binds, private_hides = _lay_out(stage, skeleton, private)
-        _bind_and_hide(stage, private_binds, private_hides)
-        for path in private_binds:
-            if not _read_only_tree(stage + path):
-                _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _private_binds(stage, skeleton, private, mirror)
     for name in DEVICES:
         _bind("/dev/" + name, stage + "/dev/" + name, MS_NOSUID | MS_NOEXEC)
     if in_tmp:
@@ -594,18 +592,29 @@ def _fresh_root(fs, workdir, proc, owner):
             _note(f"no-read-only-root {exc}")
 
 
+def _private_binds(stage, skeleton, ops, mirror):
+    """The plan's binds under a private ``/tmp`` or ``/dev/shm`` (mounted just before), each made
+    read-only on its own."""
+    binds, hides = _lay_out(stage, skeleton, ops, mirror)
+    _bind_and_hide(binds, hides)
+    for source, target in binds:
+        if not _read_only_tree(target):
+            _remount(source, target, MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
 def build_template(key):
     """In a zygote's own mount namespace (as root): the part of the fresh root that is the same for every
     run, built once: the stage tmpfs with the plan's read-only binds and hidden directories, the devices,
     the mount points of ``/tmp``, ``/dev/shm``, ``/proc`` and of the working directories' parent, all of
     it read-only (the stage's files are shared by the zygote's runs: no run can write there). A run's
     child unshares its mount namespace (a copy of this one) and adds only what is its own
-    (:func:`_from_template`). ``key``: ``marshal`` of (stage, plan ops, the working directories' parent),
-    from the host (``Sandbox._template``). False where it cannot be built (the runs build it all)."""
-    stage, ops, parent = marshal.loads(key)
+    (:func:`_from_template`). ``key``: ``marshal`` of (stage, plan ops, the working directories' parent,
+    the plan's files' copy in memory or ""), from the host (``Sandbox._template``). False where it cannot
+    be built (the runs build it all)."""
+    stage, ops, parent, mirror = marshal.loads(key)
     _mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     skeleton = _Skeleton(stage)
-    binds, hides = _lay_out(stage, skeleton, [op for op in ops if not op[1].startswith(PRIVATE_DIRS)])
+    binds, hides = _lay_out(stage, skeleton, [op for op in ops if not op[1].startswith(PRIVATE_DIRS)], mirror)
     for name in DEVICES:
         skeleton.file(stage + "/dev/" + name)
     for name, target in DEV_LINKS:
@@ -613,7 +622,7 @@ def build_template(key):
     for directory in ("/tmp", "/dev/shm", parent):
         skeleton.dir(stage + directory)
     skeleton.dir(stage + "/proc", 0o555)
-    _bind_and_hide(stage, binds, hides)
+    _bind_and_hide(binds, hides)
     if not _read_only_tree(stage):
         return False
     for name in DEVICES:
@@ -634,11 +643,7 @@ def _from_template(fs, workdir, files, proc, owner):
     skeleton.made.add(stage + "/dev")
     private = [op for op in fs["ops"] if op[1].startswith(PRIVATE_DIRS)]
     if private:
-        private_binds, private_hides = _lay_out(stage, skeleton, private)
-        _bind_and_hide(stage, private_binds, private_hides)
-        for path in private_binds:
-            if not _read_only_tree(stage + path):
-                _remount(path, stage + path, MS_RDONLY | MS_NOSUID | MS_NODEV)
+        _private_binds(stage, skeleton, private, fs.get("mirror", ""))
     parent = stage + os.path.dirname(workdir)
     _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=8,mode=755")
     os.mkdir(stage + workdir, 0o700)

@@ -84,10 +84,15 @@ class SandboxConfig:
     syscall_filter: bool = True
     """Run every program under the system-call filter of :mod:`.policy` (compiled with libseccomp; where
     that is missing, runs go on without one and a WARNING says so). False: no filter."""
+    root_in_memory: bool = True
+    """Bind the deny-by-default root's files from a copy in memory (a tmpfs, made once per host,
+    :mod:`.mirror`) rather than from the host's disk, whose caches every run shares: a lookup of a missing
+    name there leaves a trace a later run can time. False, or where no copy can be made: the host's files
+    (and ``keep_cached``)."""
     keep_cached: bool = True
-    """Keep every file of the deny-by-default root in the page cache (read ahead when the sandbox is
-    probed, again at most every minute): a run finds no page there it could bring in for a later run to
-    time (:mod:`.pagecache`). False: not."""
+    """Where the root's files are the host's (not :attr:`root_in_memory`), keep them in the page cache
+    (read ahead when the sandbox is probed, again at most every minute): a run finds no page there it could
+    bring in for a later run to time (:mod:`.pagecache`). False: not."""
     cgroup: str | None = None
     """A cgroup v2 directory delegated to this process, under which each run gets a cgroup of its own
     (default: ``$AGENTBOOST_SANDBOX_CGROUP``, else found from this process's own cgroup; see

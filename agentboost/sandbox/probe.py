@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from .cgroups import Cgroups, RunCgroup
 from .config import SandboxConfig, SandboxResult
+from .mirror import mirror_for
 from .pagecache import Warmer
 from .paths import inside, interpreter_candidates
 from .report import LAYERS, namespaces_of_this_process, probe_program, session_keyring
@@ -44,6 +45,7 @@ class ProbedSandbox(Protocol):
     _is_root: bool
     _python: str | None
     _plan: RootPlan | None
+    _mirror: str | None
     _cgroups: Cgroups | None
     _cgroup_why: str
     _zygotes: ZygotePool | None
@@ -86,19 +88,25 @@ def probe(box: ProbedSandbox) -> dict[str, Any]:
     try:
         for python in interpreter_candidates(c.python, c.site_packages, box._hide):
             plan_notes: list[str] = []
-            box._plan = None
+            box._plan = box._mirror = None
             if c.deny_by_default and c.private_tmp:
                 try:
                     box._plan = plan_for(python, site_packages=c.site_packages, hidden=box._hide)
                 except RootPlanError as exc:
                     plan_notes.append(f"no-fresh-root {exc}")
+            if box._plan is not None:
+                why = "SandboxConfig(root_in_memory=False)"
+                if c.root_in_memory:
+                    box._mirror, why = mirror_for(box._plan)
+                if box._mirror is None:
+                    plan_notes.append(f"no-memory-root {why}")
             result, group = asyncio.run(_probe_run(box, python, canary, marker))
             if result.exit_code == 0:
                 box._python = python
                 iso = _layers(box, python, result, plan_notes, group)
                 if not iso["deny_by_default_fs"]:
                     box._plan = None  # runs go straight to the deny-list, not failing to build the root each time
-                elif c.keep_cached and box._plan is not None:
+                elif c.keep_cached and box._plan is not None and box._mirror is None:
                     box._warmer = Warmer(op[1] for op in box._plan.ops if op[0] == "ro")  # (what is bound)
                     box._warmer.poke()
                 iso["zygote"] = _check_zygote(box, iso, python, canary, marker, plan_notes)

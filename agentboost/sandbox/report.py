@@ -27,6 +27,10 @@ LAYERS: dict[str, str] = {
     "home directories are readable wherever file permissions allow",
     "deny_by_default_fs": "the program sees this host's filesystem minus the hidden paths: a dataset anywhere "
     "else (--data, --cache-dir) is readable",
+    "root_in_memory": "the runs' read-only files (interpreter, standard library) are bound from this host's disk, "
+    "whose caches every run shares (the no-memory-root note says why): a run that looks up a missing name there "
+    "leaves a negative dentry a later run finds by timing the same lookup, a channel between episodes of any "
+    "size",
     "private_tmp": "the program shares this host's /tmp",
     "pid_namespace": "the program can see host processes and signal those of its uid; processes it leaves "
     "behind are killed only through its process group (or its uid, as root)",
@@ -164,6 +168,7 @@ def layers(
         "network_namespace": own["net"] and set(data["ifaces"] or ()) <= {"lo"},
         "mount_namespace": mount,
         "deny_by_default_fs": fresh,
+        "root_in_memory": fresh and "no-memory-root" not in text,
         "private_tmp": mount and data["tmp_writable"] and not data["tmp_marker"],
         "pid_namespace": own["pid"] and data["pid"] == 2,
         "private_proc": data["proc"] is not None and set(data["proc"]) <= {"1", "2"},

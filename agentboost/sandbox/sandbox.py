@@ -164,6 +164,8 @@ class Sandbox:
         self._isolation: dict[str, Any] | None = None
         self._python: str | None = None
         self._plan: RootPlan | None = None
+        self._mirror: str | None = None
+        """Where the plan's files were copied into memory (:mod:`.mirror`; set by the probe), or None."""
         self._template_cached: tuple[bytes | None] | None = None
         self._subids, self._uid_setup = self._run_identities()
         self._subid_spec = self._subids.launch_spec() if self._subids is not None else None
@@ -306,7 +308,7 @@ class Sandbox:
             return None
         if any(parent == op[1] or inside(parent, op[1]) or inside(op[1], parent) for op in ops):
             return None
-        return marshal.dumps((str(self._stage), ops, parent))
+        return marshal.dumps((str(self._stage), ops, parent, self._mirror or ""))
 
     def _new_pool(self, python: str, locale: list[Any]) -> ZygotePool:
         return ZygotePool(lambda: self._new_zygote(python, locale), self.config.runs_per_zygote)
@@ -430,7 +432,13 @@ class Sandbox:
         c = self.config
         plan = self._plan if c.deny_by_default and c.private_tmp else None
         fs = (
-            {"stage": str(self._stage), "ops": list(plan.ops), "tmp_mb": c.tmp_mb, "max_files": c.max_files}
+            {
+                "stage": str(self._stage),
+                "ops": list(plan.ops),
+                "mirror": self._mirror or "",
+                "tmp_mb": c.tmp_mb,
+                "max_files": c.max_files,
+            }
             if plan
             else None
         )
