@@ -360,6 +360,30 @@ def test_no_output_crashes_or_stalls_a_verdict(kind, expected, stdin_expected, r
     assert len(outcome.got) <= SHOWN_CHARS and len(outcome.stderr) <= SHOWN_CHARS  # (held until the suite ends)
 
 
+@pytest.mark.parametrize("rule", [EXACT, TACO])
+def test_a_correct_result_nested_to_the_depth_cap_passes(rule) -> None:
+    """Every nesting the grader parses compares: a right result 512 deep (``MAX_JSON_DEPTH``) passes, on the
+    event loop (a tiny verdict) and in a thread, and one wrong leaf at the bottom fails. On 9147589 the
+    comparison recursed two frames a level: from about 490 deep a correct program got a wrong answer."""
+    right: object = [[0.5, {"k": [True, None, "s"]}]]
+    wrong: object = [[0.5, {"k": [True, None, "t"]}]]
+    for _ in range(grading.MAX_JSON_DEPTH - 4):
+        right, wrong = [right], [wrong]
+    test = TestCase([], right, kind="call", fn_name="f")
+
+    def outcome(value: object) -> str:
+        result = SandboxResult(stdout=f"\n{CALL_MARK}{json.dumps(value)}\n", stderr="", exit_code=0)
+        return asyncio.run(verdict(test, result, rule)).verdict
+
+    assert outcome(right) == PASSED and outcome(wrong) == WRONG
+    threaded = threading.Thread(target=lambda: results.append(judge(test, SandboxResult(
+        stdout=f"\n{CALL_MARK}{json.dumps(right)}\n", stderr="", exit_code=0), rule).verdict))  # fmt: skip
+    results: list[str] = []
+    threaded.start()
+    threaded.join()
+    assert results == [PASSED]
+
+
 def test_a_verdict_is_reached_off_the_event_loop_within_its_deadline(monkeypatch) -> None:
     """Finding 4: the verdict ran on the reward's event loop (a pool worker's heartbeat with it). Now it runs
     in a thread; one past its deadline is the program's (0, trained on), and the loop never waits on it."""
