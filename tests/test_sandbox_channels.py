@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import stat
 import sys
 import tempfile
+import threading
 
 import pytest
 
 from agentboost.sandbox import Sandbox, SandboxConfig
+from agentboost.sandbox import mirror as mirror_module
 from agentboost.sandbox.batch import BatchInput, run_batch
 from agentboost.sandbox.mirror import mirror_for
 from agentboost.sandbox.rootfs import plan_for
@@ -94,18 +97,28 @@ print(json.dumps({{"iso": {{k: v for k, v in iso.items() if isinstance(v, bool)}
     assert _on_disk(stdout) == [], stdout
 
 
-def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used() -> None:
-    """Made once (a second call finds it), file modes and times kept (set-id bits and write for others
-    dropped), and a directory of the copy's name that others may write is never used."""
+def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used(caplog) -> None:
+    """Made once (workers starting together wait for one of them, later calls find it), file modes and
+    times kept (set-id bits and write for others dropped), and a directory of the copy's name that others
+    may write is never used."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm here")
     base = tempfile.mkdtemp(prefix="agentboost-test-mirror-", dir="/dev/shm")
     try:
         plan = plan_for(os.path.realpath(sys.executable), site_packages=False)
-        first, why = mirror_for(plan, base)
+        with caplog.at_level(logging.INFO, logger=mirror_module.__name__):
+            found: list[tuple[str | None, str]] = []
+            workers = [threading.Thread(target=lambda: found.append(mirror_for(plan, base))) for _ in range(3)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        first, why = found[0]
         if first is None:
             pytest.skip(f"no copy in memory here: {why}")
-        assert mirror_for(plan, base) == (first, "memory")
+        assert found == [(first, "memory")] * 3
+        assert len([r for r in caplog.records if "copied into memory" in r.getMessage()]) == 1  # (one copy made)
+        assert sorted(os.listdir(base)) == sorted([os.path.basename(first), os.path.basename(first) + ".lock"])
         bound = next(str(op[1]) for op in plan.ops if op[0] == "ro" and op[2])
         some = next(p for p in (os.path.join(bound, n) for n in sorted(os.listdir(bound))) if os.path.isfile(p))
         host, copy = os.stat(some), os.stat(first + some)

@@ -12,9 +12,10 @@ directory of a tmpfs (``/dev/shm``: it must allow executables, the interpreter a
 mapped from there), named by the owner's uid and a digest of what was copied (paths, types, sizes, modes,
 times: a changed host file gives a new copy), and runs bind them from there at their host paths
 (``RootPlan.ops`` unchanged; the launcher's ``fs["mirror"]``). The copy is never written once made
-(read-only binds; built aside and renamed into place), is owned by this uid and not writable by others (a
-directory of that name that is not is never used), and stays for later sandboxes of this host (it is not
-removed: others may be using it; about 55 MB for CPython 3.11's standard library).
+(read-only binds; built aside, by one process of the uid at a time, and renamed into place), is owned by
+this uid and not writable by others (a directory of that name that is not is never used), and stays for
+later sandboxes of this host (it is not removed: others may be using it; about 75 MB for Debian's CPython
+3.11 and the libraries it loads).
 
 Where no copy can be made (no such tmpfs, it is mounted ``noexec``, the plan binds more than
 :data:`MAX_BYTES`, as with ``site_packages=True``), :func:`mirror_for` says why, runs bind the host's files
@@ -25,12 +26,14 @@ isolation notes say ``no-memory-root``).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 
 from .rootfs import RootPlan
@@ -40,6 +43,8 @@ logger = logging.getLogger(__name__)
 BASE = "/dev/shm"
 MAX_BYTES = 256 * 1024 * 1024
 """A plan binding more than this (``site_packages=True``: whole library directories) is not copied."""
+LOCK_WAIT_S = 120.0
+"""How long a process waits for another one of its uid copying the same files."""
 _PREFIX = "agentboost-root-"
 
 
@@ -63,24 +68,53 @@ def mirror_for(plan: RootPlan, base: str = BASE) -> tuple[str | None, str]:
     final = os.path.join(base, f"{_PREFIX}{os.geteuid()}-{digest}")
     if _ours(final):
         return final, "memory"
-    try:
-        building = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.geteuid()}-", suffix=".building", dir=base)
-    except OSError as exc:
-        return None, f"cannot make a directory in {base}: {exc}"
-    try:
-        _copy(listing, building)
-        os.chmod(building, 0o755)
-        with contextlib.suppress(OSError):  # (another process made it first, or that name is not ours: below)
-            os.rename(building, final)
-    except OSError as exc:
-        return None, f"cannot copy the root's files into {base}: {exc}"
-    finally:
-        if os.path.lexists(building):
-            shutil.rmtree(building, ignore_errors=True)
+    with _building(final):  # (one process of this uid copies; the others wait and find its copy)
+        if _ours(final):
+            return final, "memory"
+        try:
+            building = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.geteuid()}-", suffix=".building", dir=base)
+        except OSError as exc:
+            return None, f"cannot make a directory in {base}: {exc}"
+        try:
+            _copy(listing, building)
+            os.chmod(building, 0o755)
+            with contextlib.suppress(OSError):  # (that name taken, and not ours: said below)
+                os.rename(building, final)
+        except OSError as exc:
+            return None, f"cannot copy the root's files into {base}: {exc}"
+        finally:
+            if os.path.lexists(building):
+                shutil.rmtree(building, ignore_errors=True)
     if not _ours(final):
         return None, f"{final} exists and is not this uid's alone"
     logger.info("sandbox root files copied into memory at %s", final)
     return final, "memory"
+
+
+@contextlib.contextmanager
+def _building(final: str) -> Iterator[None]:
+    """Hold ``<final>.lock`` (this uid's) while copying, so that workers starting together make one copy,
+    not one each. Waits at most :data:`LOCK_WAIT_S`, then copies anyway; a lock file that is not this
+    uid's is not used (another user cannot make a sandbox wait)."""
+    try:
+        fd = os.open(final + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 def _unusable(base: str) -> str | None:
