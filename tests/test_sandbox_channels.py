@@ -100,7 +100,7 @@ print(json.dumps({{"iso": {{k: v for k, v in iso.items() if isinstance(v, bool)}
 def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used(caplog) -> None:
     """Made once (workers starting together wait for one of them, later calls find it), file modes and
     times kept (set-id bits and write for others dropped), and a directory of the copy's name that others
-    may write is never used."""
+    may write is never used (a copy of its own is made instead)."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm here")
     base = tempfile.mkdtemp(prefix="agentboost-test-mirror-", dir="/dev/shm")
@@ -126,6 +126,7 @@ def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used(caplog) 
         assert stat.S_IMODE(copy.st_mode) == stat.S_IMODE(host.st_mode) & 0o755
         assert copy.st_uid == os.geteuid() and not os.stat(first).st_mode & 0o022
         os.chmod(first, 0o777)  # (as another user's directory of that name would be: writable by others)
-        assert mirror_for(plan, base)[0] is None
+        own, _ = mirror_for(plan, base)  # a copy of its own instead (another user cannot turn the copy off)
+        assert own is not None and own != first and os.path.isfile(own + some) and not os.stat(own).st_mode & 0o022
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -13,9 +13,10 @@ mapped from there), named by the owner's uid and a digest of what was copied (pa
 times: a changed host file gives a new copy), and runs bind them from there at their host paths
 (``RootPlan.ops`` unchanged; the launcher's ``fs["mirror"]``). The copy is never written once made
 (read-only binds; built aside, by one process of the uid at a time, and renamed into place), is owned by
-this uid and not writable by others (a directory of that name that is not is never used), and stays for
-later sandboxes of this host (it is not removed: others may be using it; about 75 MB for Debian's CPython
-3.11 and the libraries it loads).
+this uid and not writable by others (a directory of that name that is not is never used: this process
+keeps a copy of its own, which another user cannot turn off), and stays for later sandboxes of this host
+(it is not removed: others may be using it; about 75 MB for Debian's CPython 3.11 and the libraries it
+loads). A file or directory this uid may not read is left out (a run could not read it either).
 
 Where no copy can be made (no such tmpfs, it is mounted ``noexec``, the plan binds more than
 :data:`MAX_BYTES`, as with ``site_packages=True``), :func:`mirror_for` says why, runs bind the host's files
@@ -78,15 +79,16 @@ def mirror_for(plan: RootPlan, base: str = BASE) -> tuple[str | None, str]:
         try:
             _copy(listing, building)
             os.chmod(building, 0o755)
-            with contextlib.suppress(OSError):  # (that name taken, and not ours: said below)
+            with contextlib.suppress(OSError):  # (that name taken: by another user, see below)
                 os.rename(building, final)
         except OSError as exc:
+            shutil.rmtree(building, ignore_errors=True)
             return None, f"cannot copy the root's files into {base}: {exc}"
-        finally:
-            if os.path.lexists(building):
-                shutil.rmtree(building, ignore_errors=True)
-    if not _ours(final):
-        return None, f"{final} exists and is not this uid's alone"
+        if not _ours(final):  # another user's directory has the name: this copy keeps its own, unshared
+            logger.warning("sandbox root files: %s is not this uid's alone; copied to %s instead", final, building)
+            return building, "memory"
+        if os.path.lexists(building):  # (another process of this uid made it first)
+            shutil.rmtree(building, ignore_errors=True)
     logger.info("sandbox root files copied into memory at %s", final)
     return final, "memory"
 
@@ -178,7 +180,10 @@ def _entries(plan: RootPlan) -> Iterator[tuple[str, str, int, int, int, str]]:
             elif stat.S_ISDIR(info.st_mode):
                 yield path, "dir", 0, stat.S_IMODE(info.st_mode), 0, ""
                 if path not in hidden:
-                    names = os.listdir(path)
+                    try:
+                        names = os.listdir(path)
+                    except PermissionError:  # (not this uid's to read: nor a run's)
+                        names = []
                     if "os.py" in names:  # a standard library: not its own tests nor its static libraries
                         names = [n for n in names if n != "test" and not n.startswith("config-")]
                     stack.extend(sorted((os.path.join(path, n) for n in names), reverse=True))
@@ -202,7 +207,11 @@ def _copy(listing: list[tuple[str, str, int, int, int, str]], into: str) -> None
         elif kind == "dir":
             os.mkdir(dest, 0o755)
         else:
-            with open(path, "rb") as src, open(dest, "xb") as out:
+            try:
+                src = open(path, "rb")  # noqa: SIM115 - closed below
+            except PermissionError:  # (not this uid's to read: nor a run's; it is left out)
+                continue
+            with src, open(dest, "xb") as out:
                 shutil.copyfileobj(src, out, 1 << 20)
             os.chmod(dest, mode & 0o755)
             os.utime(dest, ns=(mtime_ns, mtime_ns))
