@@ -384,6 +384,17 @@ def test_a_correct_result_nested_to_the_depth_cap_passes(rule) -> None:
     assert results == [PASSED]
 
 
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_program_no_file_can_hold_is_a_runtime_error(box, batch: bool) -> None:
+    """A program with a lone surrogate (the code tool's arguments are JSON: ``"\\ud800"`` decodes to one) is
+    the program's error, not the reward's: on 148eb1e encoding it raised UnicodeEncodeError out of the suite
+    (the tool failed, a reward would be masked)."""
+    tests = [TestCase("1", "1"), TestCase("2", "2")]
+    outcomes = asyncio.run(run_test_cases(box, 'mark = "\ud800"\nprint(input())', tests, batch=batch))
+    assert [o.verdict for o in outcomes] == [ERROR, ERROR], outcomes
+    assert "utf-8" in outcomes[0].stderr, outcomes[0]
+
+
 def test_a_verdict_is_reached_off_the_event_loop_within_its_deadline(monkeypatch) -> None:
     """Finding 4: the verdict ran on the reward's event loop (a pool worker's heartbeat with it). Now it runs
     in a thread; one past its deadline is the program's (0, trained on), and the loop never waits on it."""

@@ -87,7 +87,7 @@ from .seccomp import Filters
 from .seccomp import available as seccomp_filters
 from .slots import SlotLease, Slots
 from .uids import SubordinateIds, UidLease, host_account, kill_uid, lock_dir, subordinate_ids, try_lease
-from .workdir import dispose_workdir, janitor, make_root, make_workdir, workdir_path
+from .workdir import dispose_workdir, file_bytes, janitor, make_root, make_workdir, workdir_path
 from .zygote import Zygote, ZygoteError, ZygotePool
 
 __all__ = ["LAYERS", "Sandbox", "SandboxConfig", "SandboxResult", "SandboxUnavailable"]
@@ -125,7 +125,7 @@ def _memory_file(files: dict[str, str]) -> tuple[int, list[tuple[str, int, int]]
     try:
         index = []
         for name, text in files.items():
-            data = text.encode("utf-8")
+            data = file_bytes(text)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]

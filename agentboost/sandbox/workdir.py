@@ -80,6 +80,14 @@ def workdir_path(root: Path) -> Path:
     return root / f"run-{os.getpid()}-{secrets.token_hex(6)}"
 
 
+def file_bytes(text: str) -> bytes:
+    """A run's file as UTF-8, lone surrogates passed through as their (invalid) bytes: a program holding one
+    (a model's tool arguments are JSON, where ``"\\ud800"`` decodes to one) is one no file can hold, and the
+    interpreter judges those bytes (in a string literal: a SyntaxError, the program's runtime error) instead
+    of the encoding raising out of the run (the tool failed; a reward would be masked)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 def make_workdir(root: Path, files: dict[str, str], uid: int | None, workdir: Path | None = None) -> Path:
     """A new staging directory (``workdir``, default a new one of ``root``) holding ``files`` (owned by
     ``uid`` when given)."""
@@ -87,7 +95,7 @@ def make_workdir(root: Path, files: dict[str, str], uid: int | None, workdir: Pa
     workdir.mkdir(mode=0o700)
     try:
         for name, text in files.items():
-            (workdir / name).write_text(text, encoding="utf-8")
+            (workdir / name).write_bytes(file_bytes(text))
         if uid is not None:
             for path in (workdir, *(workdir / name for name in files)):
                 os.chown(path, uid, uid)
