@@ -43,3 +43,17 @@ def qwen25_template() -> ChatTemplate:
 @pytest.fixture(scope="session")
 def qwen25_tokenizer():
     return tokenizer_for("qwen2.5")
+
+
+@pytest.fixture(scope="session")
+def vllm_server():
+    """The real vLLM server of this session (``agentboost.testing.vllm_server.session_server``: one that CI
+    started, named by ``AGENTBOOST_VLLM_URL``, or one started here from ``AGENTBOOST_VLLM_PYTHON``); skipped,
+    saying why, when neither is set."""
+    from agentboost.testing.vllm_server import VLLMUnavailable, session_server
+
+    try:
+        with session_server() as info:
+            yield info
+    except VLLMUnavailable as exc:
+        pytest.skip(str(exc))

@@ -16,7 +16,7 @@ from agentboost.environments.strands_env import StrandsEnv
 from agentboost.episode import SegmentKind
 from agentboost.rollout import RolloutSettings, run_episode
 from agentboost.testing.fake_vllm import FakeVLLMServer, fake_logprob
-from agentboost.types import Budget, Termination
+from agentboost.types import Budget, SamplingParams, Termination
 
 from .helpers import add, calls_text, mul
 
@@ -108,14 +108,42 @@ def test_persistent_aborts_are_infra_error(server, qwen25_template) -> None:
     assert "finish_reason='abort'" in episode.termination_detail and episode.calls == []
 
 
-def test_server_context_error_is_context_overflow(qwen25_template) -> None:
-    with FakeVLLMServer(make_responder(qwen25_template), max_model_len=600) as srv:
-        backend = VLLMCompletionsBackend(srv.url, model="fake-model")
+@pytest.mark.parametrize("listed", [True, False], ids=["window-listed", "server-refuses"])
+def test_first_prompt_over_the_window_is_context_overflow(qwen25_template, listed) -> None:
+    # The task's prompt (267 tokens) does not fit a 200-token window: refused before sending when /v1/models
+    # lists the window, else by the server's 400 (here for max_tokens > max_model_len, checked first); either
+    # way the task's, masked.
+    with FakeVLLMServer(make_responder(qwen25_template), max_model_len=200, list_max_model_len=listed) as srv:
         settings = RolloutSettings(budget=Budget(max_total_tokens=4096))
-        episode = _episode(backend, qwen25_template, settings)
-    assert episode.termination is Termination.CONTEXT_OVERFLOW
-    assert "maximum context length" in episode.termination_detail
-    assert episode.masked
+        episode = _episode(VLLMCompletionsBackend(srv.url, model="fake-model"), qwen25_template, settings)
+    assert episode.termination is Termination.CONTEXT_OVERFLOW and episode.masked
+    assert "max_model_len=200" in episode.termination_detail
+    assert len(srv.requests) == (0 if listed else 1)
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["window-listed", "server-refuses"])
+def test_later_prompt_over_the_window_is_max_tokens(qwen25_template, listed) -> None:
+    # The first two prompts (267 and 350 tokens) fit a 380-token window, the third (396) does not: the
+    # policy's turns used the window up (max_tokens, trained on), not the task's prompt. (64 tokens per call:
+    # a server that does not list its window refuses a larger max_tokens outright.)
+    with FakeVLLMServer(make_responder(qwen25_template), max_model_len=380, list_max_model_len=listed) as srv:
+        settings = RolloutSettings(
+            sampling=SamplingParams(max_tokens_per_call=64), budget=Budget(max_total_tokens=4096)
+        )
+        episode = _episode(VLLMCompletionsBackend(srv.url, model="fake-model"), qwen25_template, settings)
+    assert episode.termination is Termination.MAX_TOKENS and not episode.masked, episode.termination_detail
+    assert len(episode.calls) == 2 and len(srv.requests) == (2 if listed else 3)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["vllm-0.32", "vllm-0.10"])
+def test_budget_larger_than_the_window_is_cut_to_it(qwen25_template, legacy) -> None:
+    # Budget 32768 (the default), window 2048: max_tokens is cut to what each prompt leaves. Sent as the budget
+    # says, vLLM 0.32 refuses max_tokens > max_model_len and 0.10 prompt + max_tokens > max_model_len: every
+    # episode's first call failed as a context overflow (masked) though its prompt fits.
+    with FakeVLLMServer(make_responder(qwen25_template), max_model_len=2048, legacy_context_check=legacy) as srv:
+        episode = _episode(VLLMCompletionsBackend(srv.url, model="fake-model"), qwen25_template)
+    assert episode.termination is Termination.COMPLETED, episode.termination_detail
+    assert [body["max_tokens"] for body in srv.requests] == [2048 - len(body["prompt"]) for body in srv.requests]
 
 
 def test_wrong_model_name_is_infra_error(server, qwen25_template) -> None:

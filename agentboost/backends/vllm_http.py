@@ -10,6 +10,12 @@ given; episodes stick to one server and new ones go to the least-loaded (``Stick
 Transient failures (connection errors, 5xx, 429, aborted generations) are retried a bounded number of
 times within the request's deadline; a prompt that does not fit the server's context window is
 reported as :class:`~agentboost.errors.BackendContextOverflow` and never retried or truncated.
+
+The server's context window (``max_model_len``, which vLLM lists in ``/v1/models``) bounds each call: a
+prompt that leaves no room is refused before it is sent, and ``max_tokens`` is cut to the room left, so a
+budget larger than the window ends the generation at the window (``finish_reason: length``), as every vLLM
+version then agrees (vLLM 0.32 refuses ``max_tokens > max_model_len`` and shortens a ``max_tokens`` the
+prompt leaves no room for; 0.10-0.11 refuse ``prompt + max_tokens > max_model_len``).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ class VLLMCompletionsBackend:
         request_timeout_s: cap on one HTTP request (the episode deadline may be shorter).
         max_retries: retries of transient failures per request.
         max_connections: connection pool size per event loop.
+        max_model_len: the servers' context window (prompt + completion tokens); read from each server's
+            ``/v1/models`` when omitted (a server that does not list it is left to refuse what does not fit).
     """
 
     def __init__(
@@ -56,6 +64,7 @@ class VLLMCompletionsBackend:
         request_timeout_s: float = 900.0,
         max_retries: int = 3,
         max_connections: int = 1024,
+        max_model_len: int | None = None,
     ) -> None:
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         if not urls:
@@ -66,7 +75,10 @@ class VLLMCompletionsBackend:
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.max_connections = max_connections
+        self.max_model_len = max_model_len
         self.router = StickyRouter(len(self.base_urls))
+        self._windows: dict[int, int | None] = {}
+        """Each server's context window, once its ``/v1/models`` was read (None: it lists none)."""
         # Per event loop, weakly (a summariser's short-lived loop takes its client with it).
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
@@ -104,20 +116,42 @@ class VLLMCompletionsBackend:
             self._model_lock = asyncio.Lock()
         async with self._model_lock:
             if self.model is None:
-                response = await self._client().get(f"{self.base_urls[0]}/v1/models", timeout=30.0)
-                response.raise_for_status()
-                models = response.json().get("data", [])
+                models = await self._models(0)
                 if not models:
                     raise BackendError(f"{self.base_urls[0]} serves no model")
                 self.model = str(models[0]["id"])
         return self.model
 
-    def payload(self, request: GenerationRequest, model: str) -> dict[str, Any]:
+    async def _models(self, server: int, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        response = await self._client().get(f"{self.base_urls[server]}/v1/models", timeout=timeout_s)
+        response.raise_for_status()
+        models = response.json().get("data", [])
+        return [m for m in models if isinstance(m, dict)] if isinstance(models, list) else []
+
+    async def context_window(self, server: int, model: str, timeout_s: float = 10.0) -> int | None:
+        """Server ``server``'s ``max_model_len`` for ``model`` (given, or read once from its ``/v1/models``
+        within ``timeout_s``; None when it lists none or cannot be asked now)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        if server not in self._windows:
+            try:
+                models = await self._models(server, timeout_s)
+            except (httpx.HTTPError, ValueError) as exc:
+                logger.debug("cannot read %s/v1/models (%s): its context window is unknown for now",
+                             self.base_urls[server], exc)  # fmt: skip
+                return None
+            listed = [m.get("max_model_len") for m in models if m.get("id") == model]
+            self._windows[server] = int(listed[0]) if listed and isinstance(listed[0], int) else None
+        return self._windows[server]
+
+    def payload(self, request: GenerationRequest, model: str, window: int | None = None) -> dict[str, Any]:
+        """The request body; ``max_tokens`` is what ``window`` (the server's context window) leaves, if less."""
         s = request.sampling
+        max_tokens = request.max_tokens if window is None else min(request.max_tokens, window - len(request.prompt_ids))
         body: dict[str, Any] = {
             "model": model,
             "prompt": request.prompt_ids,
-            "max_tokens": request.max_tokens,
+            "max_tokens": max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
@@ -139,10 +173,16 @@ class VLLMCompletionsBackend:
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         deadline = time.monotonic() + (request.timeout_s if request.timeout_s is not None else self.request_timeout_s)
         model = await self.served_model()
-        body = self.payload(request, model)
         server = self.router.acquire(request.request_id, request.group_id)
         url = f"{self.base_urls[server]}/v1/completions"
         try:
+            window = await self.context_window(server, model, min(10.0, max(0.001, deadline - time.monotonic())))
+            if window is not None and len(request.prompt_ids) >= window:
+                raise BackendContextOverflow(
+                    f"the prompt of {len(request.prompt_ids)} tokens leaves no room in the server's context window "
+                    f"(max_model_len={window} at {self.base_urls[server]})"
+                )
+            body = self.payload(request, model, window)
             attempt = 0
             while True:
                 remaining = deadline - time.monotonic()
@@ -182,7 +222,7 @@ class VLLMCompletionsBackend:
         except ValueError as exc:
             raise BackendError(f"{url} answered HTTP {response.status_code} with non-JSON") from exc
         if response.status_code >= 400 or data.get("object") == "error":
-            message = str(data.get("message") or data.get("error") or data)
+            message = _server_message(response)
             if response.status_code == 400 and any(m in message.lower() for m in _CONTEXT_MARKERS):
                 raise BackendContextOverflow(message)
             raise BackendError(f"{url} answered HTTP {response.status_code}: {message}")
@@ -228,7 +268,8 @@ class VLLMCompletionsBackend:
 
 
 def _server_message(response: httpx.Response, limit: int = 500) -> str:
-    """The error message of a failed reply (JSON ``message``/``error`` or the raw body), capped."""
+    """The error message of a failed reply (vLLM's ``{"error": {"message": ...}}``, older versions'
+    ``{"object": "error", "message": ...}``, or the raw body), capped."""
     try:
         data = response.json()
     except ValueError:

