@@ -12,6 +12,7 @@ tmpfs (or is its own ``/proc``). ``benchmarks/lookup_channel.py`` measures the c
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -109,15 +111,30 @@ print(json.dumps({{"iso": {{k: v for k, v in iso.items() if isinstance(v, bool)}
     assert _on_disk(stdout) == [], stdout
 
 
-def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used(caplog) -> None:
+def test_the_copy_is_made_once_only_a_directory_of_this_uid_is_used_and_unused_ones_go(caplog) -> None:
     """Made once (workers starting together wait for one of them, later calls find it), file modes and
-    times kept (set-id bits and write for others dropped), and a directory of the copy's name that others
-    may write is never used (a copy of its own is made instead)."""
+    times kept (set-id bits and write for others dropped), a directory of the copy's name that others
+    may write is never used (a copy of its own is made instead); copies no process holds, made over an hour
+    ago, are removed (before 148eb1e each stayed until a reboot: one more for every venv in a temporary
+    directory, 132 MB each), those held or younger kept."""
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm here")
     base = tempfile.mkdtemp(prefix="agentboost-test-mirror-", dir="/dev/shm")
+    holder = None
     try:
         plan = plan_for(os.path.realpath(sys.executable), site_packages=False)
+        stale, held, young = (os.path.join(base, f"agentboost-root-{os.geteuid()}-{c * 24}") for c in "012")
+        half = os.path.join(base, f"agentboost-root-{os.geteuid()}-x.building")
+        long_ago = time.time() - 2 * mirror_module.SWEEP_AGE_S
+        for directory in (stale, held, young, half):
+            os.makedirs(directory + "/usr", mode=0o755)
+            os.chmod(directory, 0o755)
+            if directory != half:
+                open(directory + ".lock", "w").close()
+        for path in (stale + ".lock", held + ".lock", half):
+            os.utime(path, (long_ago, long_ago))
+        holder = os.open(held + ".lock", os.O_RDWR)
+        fcntl.flock(holder, fcntl.LOCK_SH)  # (as another process using that copy holds it)
         with caplog.at_level(logging.INFO, logger=mirror_module.__name__):
             found: list[tuple[str | None, str]] = []
             workers = [threading.Thread(target=lambda: found.append(mirror_for(plan, base))) for _ in range(3)]
@@ -130,7 +147,8 @@ def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used(caplog) 
             pytest.skip(f"no copy in memory here: {why}")
         assert found == [(first, "memory")] * 3
         assert len([r for r in caplog.records if "copied into memory" in r.getMessage()]) == 1  # (one copy made)
-        assert sorted(os.listdir(base)) == sorted([os.path.basename(first), os.path.basename(first) + ".lock"])
+        left = {os.path.basename(p) for p in (first, held, young)}
+        assert sorted(os.listdir(base)) == sorted(left | {n + ".lock" for n in left})  # (stale and half: gone)
         bound = next(str(op[1]) for op in plan.ops if op[0] == "ro" and op[2])
         some = next(p for p in (os.path.join(bound, n) for n in sorted(os.listdir(bound))) if os.path.isfile(p))
         host, copy = os.stat(some), os.stat(first + some)
@@ -141,4 +159,6 @@ def test_the_copy_is_made_once_and_only_a_directory_of_this_uid_is_used(caplog) 
         own, _ = mirror_for(plan, base)  # a copy of its own instead (another user cannot turn the copy off)
         assert own is not None and own != first and os.path.isfile(own + some) and not os.stat(own).st_mode & 0o022
     finally:
+        if holder is not None:
+            os.close(holder)
         shutil.rmtree(base, ignore_errors=True)

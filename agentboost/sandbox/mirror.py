@@ -14,9 +14,11 @@ times: a changed host file gives a new copy), and runs bind them from there at t
 (``RootPlan.ops`` unchanged; the launcher's ``fs["mirror"]``). The copy is never written once made
 (read-only binds; built aside, by one process of the uid at a time, and renamed into place), is owned by
 this uid and not writable by others (a directory of that name that is not is never used: this process
-keeps a copy of its own, which another user cannot turn off), and stays for later sandboxes of this host
-(it is not removed: others may be using it; about 75 MB for Debian's CPython 3.11 and the libraries it
-loads). A file or directory this uid may not read is left out (a run could not read it either).
+keeps a copy of its own, which another user cannot turn off), and is shared by every sandbox of this uid
+on the host (about 75 MB for Debian's CPython 3.11 and the libraries it loads). Each process using a copy
+holds a shared lock on its lock file until it ends; a copy no process holds, made over an hour ago (an
+interpreter or a venv that is gone), is removed by the next sandbox that makes or finds its own. A file or
+directory this uid may not read is left out (a run could not read it either).
 
 Where no copy can be made (no such tmpfs, it is mounted ``noexec``, the plan binds more than
 :data:`MAX_BYTES`, as with ``site_packages=True``), :func:`mirror_for` says why, runs bind the host's files
@@ -34,6 +36,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 
@@ -46,6 +49,8 @@ MAX_BYTES = 256 * 1024 * 1024
 """A plan binding more than this (``site_packages=True``: whole library directories) is not copied."""
 LOCK_WAIT_S = 120.0
 """How long a process waits for another one of its uid copying the same files."""
+SWEEP_AGE_S = 3600.0
+"""A copy no process holds is removed once it is this old (a younger one may be about to be held)."""
 _PREFIX = "agentboost-root-"
 
 
@@ -55,7 +60,8 @@ class _TooLarge(Exception):
 
 def mirror_for(plan: RootPlan, base: str = BASE) -> tuple[str | None, str]:
     """The directory holding a copy of every file ``plan`` binds, at its host path below it (made now if
-    this host has none yet), and ``"memory"``; or None and why there is none."""
+    this host has none yet; held by this process from now on), and ``"memory"``; or None and why there is
+    none. Copies of this uid no process holds, made over :data:`SWEEP_AGE_S` ago, are removed."""
     why = _unusable(base)
     if why is not None:
         return None, why
@@ -67,56 +73,135 @@ def mirror_for(plan: RootPlan, base: str = BASE) -> tuple[str | None, str]:
         return None, f"cannot list the root's files: {exc}"
     digest = hashlib.sha256(repr((plan.ops, listing)).encode()).hexdigest()[:24]
     final = os.path.join(base, f"{_PREFIX}{os.geteuid()}-{digest}")
-    if _ours(final):
-        return final, "memory"
-    with _building(final):  # (one process of this uid copies; the others wait and find its copy)
-        if _ours(final):
+    for _ in range(3):  # (a copy swept between its making and its holding is made again)
+        if _hold(final):
+            _sweep(base)
             return final, "memory"
-        try:
-            building = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.geteuid()}-", suffix=".building", dir=base)
-        except OSError as exc:
-            return None, f"cannot make a directory in {base}: {exc}"
-        try:
-            _copy(listing, building)
-            os.chmod(building, 0o755)
-            with contextlib.suppress(OSError):  # (that name taken: by another user, see below)
-                os.rename(building, final)
-        except OSError as exc:
-            shutil.rmtree(building, ignore_errors=True)
-            return None, f"cannot copy the root's files into {base}: {exc}"
-        if not _ours(final):  # another user's directory has the name: this copy keeps its own, unshared
-            logger.warning("sandbox root files: %s is not this uid's alone; copied to %s instead", final, building)
-            return building, "memory"
-        if os.path.lexists(building):  # (another process of this uid made it first)
-            shutil.rmtree(building, ignore_errors=True)
-    logger.info("sandbox root files copied into memory at %s", final)
-    return final, "memory"
+        with _locked(final, fcntl.LOCK_EX) as fd:  # one process of this uid copies, the others wait for it
+            if _ours(final):
+                continue
+            try:
+                building = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.geteuid()}-", suffix=".building", dir=base)
+            except OSError as exc:
+                return None, f"cannot make a directory in {base}: {exc}"
+            try:
+                _copy(listing, building)
+                os.chmod(building, 0o755)
+                if fd is not None:  # (no lock of this uid to make it under: not shared, see below)
+                    with contextlib.suppress(OSError):  # (that name taken: by another user, see below)
+                        os.rename(building, final)
+            except OSError as exc:
+                shutil.rmtree(building, ignore_errors=True)
+                return None, f"cannot copy the root's files into {base}: {exc}"
+            if fd is None or not _ours(final):  # another user's file or directory has the name (or its
+                logger.warning("sandbox root files: %s is not this uid's alone; copied to %s instead", final,
+                               building)  # fmt: skip
+                _hold(building)  # lock's): this copy keeps one of its own, unshared
+                return building, "memory"
+            if os.path.lexists(building):  # (another process of this uid made it first)
+                shutil.rmtree(building, ignore_errors=True)
+            logger.info("sandbox root files copied into memory at %s", final)
+    return None, f"{final} was removed as soon as it was made, three times"
+
+
+_held: dict[str, int] = {}
+"""Copies this process uses: the descriptor of each one's lock file, locked shared until the process ends
+(its zygotes and runs bind the copy; no sweep removes a copy while a process holds it)."""
+_held_lock = threading.Lock()
+
+
+def _hold(path: str) -> bool:
+    """Whether ``path`` is a complete copy of this uid, now held by this process (see :data:`_held`)."""
+    with _held_lock:
+        if path in _held:
+            if _ours(path):
+                return True
+            os.close(_held.pop(path))  # (changed under this process: no longer this uid's alone)
+        with _locked(path, fcntl.LOCK_SH) as fd:
+            if fd is None or not _ours(path):
+                return False
+            _held[path] = os.dup(fd)  # (the lock stays with the open file, duplicated or not)
+            return True
 
 
 @contextlib.contextmanager
-def _building(final: str) -> Iterator[None]:
-    """Hold ``<final>.lock`` (this uid's) while copying, so that workers starting together make one copy,
-    not one each. Waits at most :data:`LOCK_WAIT_S`, then copies anyway; a lock file that is not this
-    uid's is not used (another user cannot make a sandbox wait)."""
+def _locked(path: str, how: int) -> Iterator[int | None]:
+    """``<path>.lock`` (this uid's, made if missing) locked ``how`` (waiting at most :data:`LOCK_WAIT_S`)
+    and still the file at that name once locked (a sweep may remove it meanwhile); its descriptor, or None
+    where there is no such lock file (one of another user: never waited on)."""
+    name = path + ".lock"
     try:
-        fd = os.open(final + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
-        yield
+        yield None
         return
     try:
-        if os.fstat(fd).st_uid == os.geteuid():
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while os.fstat(fd).st_uid == os.geteuid():
+            try:
+                fcntl.flock(fd, how | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() > deadline:
                     break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
-        yield
+                time.sleep(0.05)
+                continue
+            if _same_file(fd, name):
+                yield fd
+                return
+            os.close(fd)  # (swept meanwhile: lock the one at that name now)
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        yield None
     finally:
-        os.close(fd)  # (releases the lock)
+        os.close(fd)
+
+
+def _same_file(fd: int, name: str) -> bool:
+    try:
+        here, there = os.fstat(fd), os.lstat(name)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _sweep(base: str) -> None:
+    """Remove the copies of this uid in ``base`` that no process holds and that were made over
+    :data:`SWEEP_AGE_S` ago (a copy made for an interpreter that is gone, a venv in a temporary directory:
+    each would stay until the host reboots), and copies left half-made that long ago."""
+    prefix = f"{_PREFIX}{os.geteuid()}-"
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(prefix) and not n.endswith(".lock")]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(base, name)
+        with _held_lock:
+            if path in _held:
+                continue
+        try:
+            made = os.lstat(path + ".lock").st_mtime
+        except FileNotFoundError:  # (a copy left half-made by a process that died: no lock of its own)
+            made = os.lstat(path).st_mtime if name.endswith(".building") and os.path.lexists(path) else now
+        if now - made < SWEEP_AGE_S or not _ours(path):
+            continue
+        fd = None
+        try:
+            fd = os.open(path + ".lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held by a process: BlockingIOError)
+        except FileNotFoundError:
+            pass  # (half made, no lock: removed below)
+        except OSError:
+            continue
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            if fd is not None:
+                os.unlink(path + ".lock")
+            logger.info("sandbox root files: removed %s (no process holds it)", path)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 def _unusable(base: str) -> str | None:
