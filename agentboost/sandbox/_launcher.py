@@ -645,6 +645,7 @@ def _from_template(fs, workdir, files, proc, owner):
     if private:
         _private_binds(stage, skeleton, private, fs.get("mirror", ""))
     parent = stage + os.path.dirname(workdir)
+    os.makedirs(parent, 0o755, exist_ok=True)  # (in the private /tmp or /dev/shm just mounted, if it lies there)
     _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=8,mode=755")
     os.mkdir(stage + workdir, 0o700)
     _mount(None, parent, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, None)

@@ -80,7 +80,7 @@ def serve(control_fd, template="", subids=""):
             sys.stderr.write(f"zygote: no subordinate ids: {exc}\n")
             os._exit(1)
     own_pid_ns = _own_pid_namespace()
-    parent = _template(bytes.fromhex(template)) if template and own_pid_ns is not None else None
+    parent = _template(bytes.fromhex(template)) if template and (own_pid_ns is not None or subids) else None
     _launcher.warm()
     _runner.sealer()
     gc.freeze()  # what is here now is never collected: a child's collections (and exit) skip it
@@ -145,9 +145,9 @@ def _own_pid_namespace():
 
 
 def _template(key):
-    """As root, before serving: build the runs' template root (:func:`_launcher.build_template`) in a
-    mount namespace of this zygote's own. Returns the working directories' parent it serves, or None (the
-    runs then build the whole root each)."""
+    """As root (or in the subordinate ids' namespace), before serving: build the runs' template root
+    (:func:`_launcher.build_template`) in a mount namespace of this zygote's own. Returns the working
+    directories' parent it serves, or None (the runs then build the whole root each)."""
     try:
         _launcher._unshare(_launcher.CLONE_NEWNS)
         _launcher._mount(None, "/", None, _launcher.MS_REC | _launcher.MS_PRIVATE, None)

@@ -295,16 +295,18 @@ class Sandbox:
         return self._template_cached[0] if self._template_cached else None
 
     def _template(self) -> bytes | None:
-        """What a zygote (as root) builds the read-only part of its runs' root from, once (stage, the
-        plan's operations, the working directories' parent; ``_launcher.build_template``); None where runs
-        build it all: not root, no deny-by-default root, or working directories inside a private
-        directory or among what the plan binds."""
+        """What a zygote (as root, or in the subordinate ids' namespace) builds the read-only part of its
+        runs' root from, once (stage, the plan's operations, the working directories' parent;
+        ``_launcher.build_template``); None where runs build it all: an ordinary user without subordinate
+        ids, no deny-by-default root, or working directories in ``/tmp`` or ``/dev/shm`` themselves or
+        among what the plan binds."""
         c = self.config
-        if not (self._is_root and self._plan is not None and c.deny_by_default and c.private_tmp):
+        own_uids = self._is_root or self._subids is not None
+        if not (own_uids and self._plan is not None and c.deny_by_default and c.private_tmp):
             return None
         parent = str(self._root)
         ops = list(self._plan.ops)
-        if parent.startswith(("/tmp/", "/dev/shm/")) or parent in ("/tmp", "/dev/shm"):
+        if parent in ("/tmp", "/dev/shm"):
             return None
         if any(parent == op[1] or inside(parent, op[1]) or inside(op[1], parent) for op in ops):
             return None
