@@ -18,17 +18,27 @@ module's globals once the module has been executed. :func:`install` then changes
 * ``wake_up()``: counts weight versions. In hybrid mode every wake-up syncs the actor's weights into
   vLLM, so the counter names the policy version that served a request.
 
+The ``vLLMHttpServer`` actor class was made by ``@ray.remote`` before this block runs, and Ray's decorator
+copies every method onto the actor class it builds (wrapped for tracing: ``_inject_tracing_into_class`` in
+``ray/actor.py``'s ``_make_actor``), so those copies of upstream's ``generate``/``wake_up`` would shadow the
+base class's and the actors would run upstream code. :func:`install` removes the copies of the methods it
+replaces from each such actor class in the module (the lookup then reaches the adapted base class; a Ray
+worker wraps it for tracing again when it loads the class) and refuses an actor class it cannot adapt.
+
 Everything else the server does (launch, LoRA, multi-modal dedup, sleep) is upstream's.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
 logger = logging.getLogger("agentboost.verl_server")
 
 MARK = "_agentboost_installed"
+SERVER_ACTOR = "vLLMHttpServer"
+"""The Ray actor class veRL's ``vLLMReplica`` starts its servers from (``server_class``)."""
 _REQUIRED = ("vLLMHttpServerBase", "TokenOutput", "SamplingParams", "TokensPrompt")
 
 
@@ -119,11 +129,44 @@ def install(ns: dict[str, Any]) -> bool:
         self._agentboost_weight_version = getattr(self, "_agentboost_weight_version", 0) + 1
         return result
 
-    generate.__wrapped_upstream__ = base.generate  # type: ignore[attr-defined]
+    upstream = {"generate": base.generate, "wake_up": upstream_wake_up}
+    actor_classes = _ray_actor_classes(ns, base)
+    for actor_class in actor_classes:  # checked before anything changes: all or nothing
+        for name, upstream_fn in upstream.items():
+            copy = actor_class.__dict__.get(name)
+            if copy is not None and inspect.unwrap(copy) is not upstream_fn:
+                raise RuntimeError(
+                    f"agentboost: {actor_class.__qualname__}.{name} is not verl 0.6.1's vLLMHttpServerBase.{name}; "
+                    "the adapter cannot replace it (run `python apply_patches.py --revert`)"
+                )
+    generate.__wrapped_upstream__ = upstream["generate"]  # type: ignore[attr-defined]
     wake_up.__wrapped_upstream__ = upstream_wake_up  # type: ignore[attr-defined]
     base.generate = generate
     base.wake_up = wake_up
+    for actor_class in actor_classes:
+        for name in upstream:
+            if name in actor_class.__dict__:
+                delattr(actor_class, name)  # Ray's copy of upstream's method
     setattr(base, MARK, True)
     ns["StrandsTokenOutput"] = output_cls
     logger.info("agentboost: verl vLLM server adapted (max_tokens, finish reason, weight version)")
     return True
+
+
+def _ray_actor_classes(ns: dict[str, Any], base: type) -> list[type]:
+    """The classes that ``@ray.remote`` built from subclasses of ``base`` in the module (``vLLMHttpServer``'s).
+
+    A Ray actor class keeps the class its actors instantiate in ``__ray_metadata__.modified_class``. A
+    ``vLLMHttpServer`` in the module that is not such a class is refused: the adapter could not reach it.
+    """
+    found = []
+    for name, value in ns.items():
+        modified = getattr(getattr(value, "__ray_metadata__", None), "modified_class", None)
+        if isinstance(modified, type) and issubclass(modified, base):
+            found.append(modified)
+        elif name == SERVER_ACTOR:
+            raise RuntimeError(
+                f"agentboost: {SERVER_ACTOR} is not a Ray actor class over vLLMHttpServerBase (Ray or veRL changed?); "
+                "its actors would run upstream code (run `python apply_patches.py --revert`)"
+            )
+    return found

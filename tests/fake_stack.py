@@ -9,6 +9,12 @@ Each fake mirrors what the adapter touches in the real source (read from the tag
   generator of ``RequestOutput``; each ``CompletionOutput`` has ``token_ids``, ``logprobs`` (one
   ``{token_id: Logprob}`` dict per sampled token), ``finish_reason``, ``stop_reason``), ``wake_up``;
   ``TokenOutput`` (pydantic: ``token_ids``, ``log_probs``), ``SamplingParams``, ``TokensPrompt``.
+* veRL's ``vLLMHttpServer`` is ``@ray.remote(num_cpus=1)`` over ``vLLMHttpServerBase``, decorated when the
+  module runs, i.e. before the adapter's block at its end. Ray's decorator (``_make_actor`` in ``ray/actor.py``)
+  builds a subclass (``__ray_metadata__.modified_class``) and sets on it a tracing wrapper of every method the
+  class has at that moment (``_inject_tracing_into_class``): those copies of upstream's methods shadow the base
+  class's. :func:`ray_remote` does the same, and the servers of these tests are instances of that subclass
+  (what a Ray worker instantiates).
 * A Ray actor handle: ``handle.generate.remote(**kwargs)`` returns an awaitable ``ObjectRef``.
 * rLLM ``AsyncAgentExecutionEngine`` fields the adapter uses: ``agent_class``, ``env_class``,
   ``agent_args``, ``env_args``, ``envs``, ``agents``, ``tokenizer``, ``config``, ``engine_name``,
@@ -44,6 +50,8 @@ The "model" behind the fake vLLM engine is :class:`agentboost.testing.instant.In
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -159,14 +167,57 @@ class FakeServerBase:
         self.slept += 1
 
 
+class FakeActorClass:
+    """What ``@ray.remote`` returns for a class (its actors instantiate ``__ray_metadata__.modified_class``)."""
+
+    def __init__(self, modified_class: type, options: dict[str, Any]) -> None:
+        self.__ray_metadata__ = SimpleNamespace(modified_class=modified_class)
+        self._default_options = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> FakeActorHandle:
+        return FakeActorHandle(self.__ray_metadata__.modified_class(*args, **kwargs))
+
+
+def ray_remote(**options: Any) -> Any:
+    """``ray.remote(**options)`` for a class, as Ray 2.x decorates it: a subclass carrying a (tracing) wrapper of
+    each method the class has now, so a later change to a base class's method does not reach the actors."""
+
+    def decorate(cls: type) -> FakeActorClass:
+        class Class(cls):  # type: ignore[misc, valid-type]
+            __ray_actor_class__ = cls
+
+        Class.__module__, Class.__name__ = cls.__module__, cls.__name__
+        for name, method in inspect.getmembers(Class, inspect.isfunction):
+            if name == "__del__":
+                continue
+            if inspect.iscoroutinefunction(method):
+
+                async def wrapper(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                    return await _method(*args, **kwargs)
+            else:
+
+                def wrapper(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                    return _method(*args, **kwargs)
+
+            setattr(Class, name, functools.wraps(method)(wrapper))
+        return FakeActorClass(Class, options)
+
+    return decorate
+
+
 def server_namespace() -> dict[str, Any]:
     """A fresh copy of the server module's namespace (so install() can run once per test)."""
 
     class vLLMHttpServerBase(FakeServerBase):  # the upstream name
         pass
 
+    class vLLMHttpServer(vLLMHttpServerBase):  # decorated as the module runs, before the adapter's block
+        def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+            super().__init__(tokenizer, max_model_len)
+
     return {
         "vLLMHttpServerBase": vLLMHttpServerBase,
+        "vLLMHttpServer": ray_remote(num_cpus=1)(vLLMHttpServer),
         "TokenOutput": TokenOutput,
         "SamplingParams": FakeSamplingParams,
         "TokensPrompt": FakeTokensPrompt,
@@ -420,7 +471,12 @@ def adapted_server(tokenizer: Any, max_model_len: int = 1024) -> Any:
     ns = server_namespace()
     assert server_adapter.install(ns) is True
     assert server_adapter.install(ns) is False  # idempotent
-    return ns["vLLMHttpServerBase"](tokenizer, max_model_len)
+    return actor_server(ns, tokenizer, max_model_len)
+
+
+def actor_server(ns: dict[str, Any], tokenizer: Any, max_model_len: int = 1024) -> Any:
+    """A server as veRL's ``vLLMReplica`` starts it: an instance of the Ray actor class ``vLLMHttpServer``."""
+    return ns["vLLMHttpServer"].__ray_metadata__.modified_class(tokenizer, max_model_len)
 
 
 def make_engine(tokenizer: Any, n_servers: int = 2, config: dict | None = None, release: str = "0.2.1",

@@ -23,7 +23,7 @@ from tests.fake_stack import adapted_server, load_rows, make_engine
 
 # -- veRL server adapter -------------------------------------------------------------------------
 async def test_upstream_server_cannot_take_max_tokens(qwen25_tokenizer) -> None:
-    server = fake_stack.server_namespace()["vLLMHttpServerBase"](qwen25_tokenizer, 1024)
+    server = fake_stack.actor_server(fake_stack.server_namespace(), qwen25_tokenizer, 1024)
     with pytest.raises(TypeError, match="max_tokens"):
         await server.generate(prompt_ids=[1, 2, 3], sampling_params={"max_tokens": 5}, request_id="r")
 
@@ -48,6 +48,53 @@ async def test_server_adapter_honours_max_tokens_and_reports_finish(qwen25_token
 
     with pytest.raises(ValueError, match="max_model_len=600"):
         await server.generate(list(range(600)), {"max_tokens": 5}, "r4")
+
+
+async def test_server_adapter_reaches_the_ray_actor_class(qwen25_tokenizer, qwen25_template) -> None:
+    # veRL's vLLMReplica starts vLLMHttpServer, which @ray.remote built before the adapter's block ran: Ray's copies
+    # of upstream's methods on it shadowed the adapted base class, so real servers ran upstream code.
+    ns = fake_stack.server_namespace()
+    modified = ns["vLLMHttpServer"].__ray_metadata__.modified_class
+    prompt = qwen25_template.encode("What is 2 + 3?")
+    assert server_adapter.install(ns) is True
+    base = ns["vLLMHttpServerBase"]
+    assert modified.generate is base.generate and modified.wake_up is base.wake_up
+    server = ns["vLLMHttpServer"].remote(qwen25_tokenizer, 600).server
+    out = await server.generate(prompt, {"max_tokens": 3}, "r1")
+    assert (len(out.token_ids), out.finish_reason, out.weight_version) == (3, "length", 0)
+    await server.wake_up()
+    assert server.woken == 1 and (await server.generate(prompt, {"max_tokens": 3}, "r2")).weight_version == 1
+
+
+def test_server_adapter_refuses_an_actor_class_it_cannot_reach() -> None:
+    ns = fake_stack.server_namespace()
+    base, upstream = ns["vLLMHttpServerBase"], ns["vLLMHttpServerBase"].generate
+    ns["vLLMHttpServer"] = type("vLLMHttpServer", (base,), {})  # not a Ray actor class
+    with pytest.raises(RuntimeError, match="not a Ray actor class"):
+        server_adapter.install(ns)
+
+    class Overriding(base):  # a server class whose generate is not upstream's
+        async def generate(self, prompt_ids, sampling_params, request_id, image_data=None):
+            return None
+
+    ns["vLLMHttpServer"] = fake_stack.ray_remote(num_cpus=1)(Overriding)
+    with pytest.raises(RuntimeError, match="is not verl 0.6.1's"):
+        server_adapter.install(ns)
+    assert base.generate is upstream and not getattr(base, server_adapter.MARK, False)  # nothing changed
+
+
+def test_server_adapter_reaches_a_real_ray_actor_class() -> None:
+    ray = pytest.importorskip("ray", reason="Ray is not installed (it comes with veRL)")
+    from ray import cloudpickle
+
+    ns = fake_stack.server_namespace()
+    actor = ray.remote(num_cpus=1)(ns["vLLMHttpServer"].__ray_metadata__.modified_class.__ray_actor_class__)
+    ns["vLLMHttpServer"] = actor  # as `@ray.remote(num_cpus=1) class vLLMHttpServer(vLLMHttpServerBase)` builds it
+    modified = actor.__ray_metadata__.modified_class
+    assert modified.__dict__.get("generate") is not None  # Ray's copy of upstream's method
+    assert server_adapter.install(ns) is True
+    assert modified.generate is ns["vLLMHttpServerBase"].generate
+    assert cloudpickle.loads(cloudpickle.dumps(modified)).generate is ns["vLLMHttpServerBase"].generate
 
 
 async def test_server_adapter_counts_weight_versions(qwen25_tokenizer, qwen25_template) -> None:
@@ -76,7 +123,7 @@ async def test_backend_through_actor_handles(qwen25_tokenizer, qwen25_template) 
     with pytest.raises(BackendContextOverflow):
         await backend.generate(GenerationRequest(list(range(400)), SamplingParams(), 5, "ep-2"))
 
-    plain = fake_stack.server_namespace()["vLLMHttpServerBase"](qwen25_tokenizer, 400)
+    plain = fake_stack.actor_server(fake_stack.server_namespace(), qwen25_tokenizer, 400)
     with pytest.raises(BackendError, match="apply_patches"):
         await VerlServerBackend([fake_stack.FakeActorHandle(plain)]).generate(request)
 
