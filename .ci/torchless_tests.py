@@ -3,16 +3,24 @@
 * Test modules that import torch at their top are left out, named; any other collection error fails.
 * A test that fails only because torch is missing (``ModuleNotFoundError: No module named 'torch'`` raised in
   it) is reported as skipped, named at the end; every other failure stays a failure.
+
+This module is also the pytest plugin doing that (``-p torchless_tests``, this directory on ``PYTHONPATH``), so
+that pytest-xdist's workers load it too (``-n 2``).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+SKIP_REASON = "Skipped: needs torch (not installed here)"
+_skipped: list[str] = []
 
 
 def _needs_torch(exc: BaseException | None) -> bool:
@@ -26,24 +34,26 @@ def _needs_torch(exc: BaseException | None) -> bool:
     return False
 
 
-class TorchlessSkips:
-    """Turns a test's failure caused by the missing torch into a skip that says so."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Any:
+    """A test's failure caused by the missing torch becomes a skip that says so (where the test runs)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None and _needs_torch(call.excinfo.value):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, SKIP_REASON)
 
-    def __init__(self) -> None:
-        self.skipped: list[str] = []
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: Any, call: Any) -> Any:
-        outcome = yield
-        report = outcome.get_result()
-        if report.failed and call.excinfo is not None and _needs_torch(call.excinfo.value):
-            report.outcome = "skipped"
-            report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: needs torch (not installed here)")
-            self.skipped.append(item.nodeid)
+def pytest_runtest_logreport(report: Any) -> None:
+    """Counts those skips where the results arrive (the controller, under xdist)."""
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple | list) and len(longrepr) == 3 and longrepr[2] == SKIP_REASON:
+        _skipped.append(report.nodeid)
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.skipped:
-            terminalreporter.write_line(f"needs torch, skipped: {len(self.skipped)} tests ({', '.join(self.skipped)})")
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped:
+        terminalreporter.write_line(f"needs torch, skipped: {len(_skipped)} tests ({', '.join(_skipped)})")
 
 
 def main(args: list[str]) -> int:
@@ -58,7 +68,10 @@ def main(args: list[str]) -> int:
         return 1
     for module in sorted(torchless):
         sys.stderr.write(f"left out (imports torch at its top): {module}\n")
-    return int(pytest.main([*(f"--ignore={m}" for m in sorted(torchless)), *args], plugins=[TorchlessSkips()]))
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    sys.path.insert(0, here)
+    return int(pytest.main([*(f"--ignore={m}" for m in sorted(torchless)), "-p", "torchless_tests", *args]))
 
 
 if __name__ == "__main__":

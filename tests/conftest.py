@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -33,6 +35,33 @@ def tokenizer_for(family: str):
 def template_for(config: str) -> ChatTemplate:
     family, kwargs = TEMPLATE_CONFIGS[config]
     return ChatTemplate(tokenizer_for(family), template_kwargs=kwargs)
+
+
+# CI runs the suite on two workers (pytest-xdist, ``-n 2 --dist loadfile``): a module's tests stay on one worker
+# (module-scoped fixtures start once), and the modules that run programs in the sandbox count as one module, run
+# one after another on one worker: they share the host's sandbox state (the in-memory root, user nobody's processes
+# and zygotes, the leak counts some of them take). (Not xdist_group + loadgroup: pytest 9.2's node ids ignore the
+# group suffix pytest-xdist 3.8 writes, so those groups are silently split.)
+SANDBOX_MODULES = ("test_sandbox", "test_rewards_code", "test_example_envs", "test_pool_robustness")
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit ``--dist loadfile`` sends to one worker: the test's module, or "sandbox" for those above."""
+    module = nodeid.split("::", 1)[0]
+    return "sandbox" if Path(module).name.startswith(SANDBOX_MODULES) else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,8 @@ a CPU machine; ``vllm_server`` fixture, one server per session, see ``agentboost
 The server serves ``agentboost.testing.served_model``: a tiny Qwen2 warm-started so that, greedy, it replays
 scripted episodes (tool calls with the Qwen2.5 template, thinking and tool calls with Qwen3's, an
 ``<|endoftext|>`` ending, a tool result that overflows the 2048-token window); elsewhere it samples like a
-random model. Every test here shares that one server and nothing else uses it meanwhile (the ``vllm``
-xdist group): the ``/metrics`` checks read its request counts.
+random model. Every test here shares that one server and nothing else uses it meanwhile (CI runs the tests
+marked ``vllm`` in one process, after the suite): the ``/metrics`` checks read its request counts.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from agentboost.testing.served_model import (
 )
 from agentboost.types import Budget, SamplingParams, Termination
 
-pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm")]
+pytestmark = pytest.mark.vllm
 WINDOW = 2048  # the server's --max-model-len (agentboost.testing.vllm_server.DEFAULT_MAX_MODEL_LEN)
 IM_END, ENDOFTEXT = 151645, 151643
 

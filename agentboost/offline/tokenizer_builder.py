@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,8 +331,6 @@ def build_tokenizer(name: str, out_dir: str | Path | None = None, *, force: bool
         if not (target / "tokenizer.json").is_file():
             raise
         logger.debug("another process built %s first", target)
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)
     logger.info("built offline %s tokenizer at %s", name, target)
     return target
@@ -415,10 +414,21 @@ def build_domain_tokenizer(
         "chat_template": template,
         "added_tokens_decoder": added,
     }
-    target.mkdir(parents=True, exist_ok=True)
-    tok.save(str(target / "tokenizer.json"))
-    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-    (target / _BUILD_KEY).write_text(json.dumps({"digest": digest}))
+    # Written into a temporary sibling and renamed, so a concurrent builder (two test workers) never reads half a
+    # directory; a given directory that exists already (another build) is overwritten in place.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target if target.is_dir() else Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tok.save(str(staging / "tokenizer.json"))
+    (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    (staging / _BUILD_KEY).write_text(json.dumps({"digest": digest}))
+    if staging != target:
+        try:
+            staging.rename(target)
+        except OSError:
+            if _build_key(target) != digest:
+                raise
+            logger.debug("another process built %s first", target)
+            shutil.rmtree(staging, ignore_errors=True)
     logger.info("trained a %d-token %s domain tokenizer at %s", tok.get_vocab_size(), family, target)
     return target
 

@@ -20,7 +20,7 @@ Neither set: :class:`VLLMUnavailable`, which the tests turn into a skip that say
 
 CLI (what CI runs)::
 
-    python -m agentboost.testing.vllm_server serve --python VENV/bin/python --model DIR --port 8000 --log F
+    python -m agentboost.testing.vllm_server serve --python VENV/bin/python --model DIR --port 8000 [VLLM ARGS]
     python -m agentboost.testing.vllm_server wait http://127.0.0.1:8000 --log F --timeout 1200
 """
 
@@ -280,7 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m agentboost.testing.vllm_server", description="Serve a model with real vLLM, or wait for one."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="become the vLLM server (exec: same process, same process group)")
+    serve = sub.add_parser(
+        "serve", help="become the vLLM server (exec: same process, same process group); other arguments go to vLLM"
+    )
     serve.add_argument("--python", required=True, help="an interpreter with vLLM")
     serve.add_argument("--model", required=True, help="the model directory to serve")
     serve.add_argument("--host", default="127.0.0.1")
@@ -290,16 +292,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     wait.add_argument("url")
     wait.add_argument("--log", default=None, help="the server's log (its tail is shown on failure)")
     wait.add_argument("--timeout", type=float, default=DEFAULT_WAIT_S)
-    args = parser.parse_args(argv)
+    wait.add_argument("--pid", type=int, default=None, help="the server's process (gone: fail at once)")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.command == "serve":
         command = server_command(args.python, args.model, host=args.host, port=args.port,
-                                 max_model_len=args.max_model_len)  # fmt: skip
+                                 max_model_len=args.max_model_len, extra_args=extra)  # fmt: skip
         logger.info("exec %s", " ".join(command))
         sys.stdout.flush()
         os.execve(command[0], command, {**SERVER_ENV, **os.environ})
     try:
-        wait_ready(args.url.rstrip("/"), timeout_s=args.timeout, log_path=args.log)
+        wait_ready(args.url.rstrip("/"), timeout_s=args.timeout, log_path=args.log, pid=args.pid)
     except VLLMServerError as exc:
         logger.error("%s", exc)
         return 1
