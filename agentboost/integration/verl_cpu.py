@@ -47,12 +47,19 @@ ROLLOUT_NAME = "agentboost_hf"
 CHECKPOINT_ENGINE = "agentboost_ray"
 """``actor_rollout_ref.rollout.checkpoint_engine.backend`` of the CPU weight transfer (separate_async)."""
 SERVER_PREFIX = "agentboost_hf_server_"
+CUSTOM_KEY = "agentboost"
+"""The CPU rollouts' options: ``actor_rollout_ref.rollout.custom.agentboost.<option>`` (verl's extension point):
+``request_log`` (a JSONL file, one line per generation call: what was served, with which weights; for audits,
+:mod:`.rollout_audit`) and, for ``agentboost_vllm``, ``vllm_url``."""
 _FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 _REGISTERED: dict[str, bool] = {}
 
 
-def cpu_overrides(*, num_cpus: int = 32, num_gpus: int = 1, storage_units: int = 1) -> list[str]:
-    """The Hydra overrides that put a verl 0.9.1 run on this layer (besides the route's own).
+def cpu_overrides(
+    *, num_cpus: int = 32, num_gpus: int = 1, storage_units: int = 1, rollout: str = ROLLOUT_NAME
+) -> list[str]:
+    """The Hydra overrides that put a verl 0.9.1 run on this layer (besides the route's own); ``rollout``: this
+    module's in-process one or ``agentboost_vllm`` (real vLLM, :mod:`.verl_vllm`).
 
     The actor computes in fp32 (verl autocasts to bf16 by default), as the CPU server does. Ray gets
     ``num_gpus`` logical GPUs (verl's resource pools ask for them) and ``num_cpus`` logical CPUs:
@@ -61,7 +68,7 @@ def cpu_overrides(*, num_cpus: int = 32, num_gpus: int = 1, storage_units: int =
     """
     return [
         "trainer.device=cpu",
-        f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
+        f"actor_rollout_ref.rollout.name={rollout}",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.actor.strategy=fsdp2",
         "actor_rollout_ref.ref.strategy=fsdp2",
@@ -269,6 +276,21 @@ def _register_process_group() -> None:
 
 
 # -- the rollout server -------------------------------------------------------------------------------
+def rollout_options(config: Any) -> dict[str, Any]:
+    """This layer's options in a rollout config (see :data:`CUSTOM_KEY`)."""
+    return dict((getattr(config, "custom", None) or {}).get(CUSTOM_KEY) or {})
+
+
+def log_request(path: str | None, **record: Any) -> None:
+    """Append one generation call to the request log ``path`` (nothing without one)."""
+    if path:
+        import json
+        import time
+
+        with open(path, "a") as out:
+            out.write(json.dumps({**record, "time": time.time()}) + "\n")
+
+
 def _plain_dict(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
@@ -332,6 +354,7 @@ class HFRolloutServer:
         self._drained.set()
         self.weight_loads = 0
         self.requests = 0
+        self.request_log = rollout_options(self.config).get("request_log")
 
     async def ready(self) -> dict[str, Any]:
         return {"max_model_len": self.max_model_len, "replica_rank": self.replica_rank}
@@ -392,6 +415,12 @@ class HFRolloutServer:
             self._in_flight -= 1
             if self._in_flight == 0:
                 self._drained.set()
+        log_request(self.request_log, request_id=str(request_id), replica=self.replica_rank, global_steps=steps,
+                    model="hf", prompt_ids=prompt_ids, token_ids=list(result.token_ids),
+                    log_probs=list(result.logprobs) if logprobs and result.logprobs is not None else None,
+                    sampling=dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                                  min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty),
+                    finish_reason=result.finish_reason, max_tokens=max_tokens)  # fmt: skip
         return TokenOutput(
             token_ids=list(result.token_ids),
             log_probs=list(result.logprobs) if logprobs and result.logprobs is not None else None,
@@ -400,8 +429,13 @@ class HFRolloutServer:
             extra_fields={"global_steps": steps},
         )
 
-    async def load_weights(self, state: dict[str, Any], global_steps: int | None = None) -> dict[str, int]:
+    async def load_weights(
+        self, state: dict[str, Any], global_steps: int | None = None, *, peft_config: Any = None, **kwargs: Any
+    ) -> dict[str, int]:
         """Load the trainer's weights (names as in the HF model) once in-flight requests have finished."""
+        if peft_config is not None:
+            raise NotImplementedError(f"{ROLLOUT_NAME} rollout: LoRA adapters (use model.lora.merge=true, or the "
+                                      "real-vLLM rollout agentboost_vllm)")  # fmt: skip
         await self._drained.wait()
         missing, unexpected = await asyncio.to_thread(self._load, state)
         if global_steps is not None:
@@ -461,13 +495,15 @@ def _replica_class() -> type:
     from verl.workers.rollout.replica import RolloutReplica
 
     class HFRolloutReplica(RolloutReplica):
-        """One :class:`HFRolloutServer` actor per replica (no GPU, no CPU reserved: it runs beside the
-        trainer's workers as vLLM does)."""
+        """One ``server_class`` actor per replica (no GPU, no CPU reserved: it runs beside the trainer's workers
+        as vLLM does): :class:`HFRolloutServer`, or :class:`~.verl_vllm.VllmRolloutServer` for real vLLM."""
+
+        server_class: type = HFRolloutServer
 
         async def launch_servers(self) -> None:
             name = f"{SERVER_PREFIX}{self.replica_rank}{self.name_suffix}"
             server = (
-                ray.remote(HFRolloutServer)
+                ray.remote(self.server_class)
                 .options(name=name, num_cpus=0, max_concurrency=self.max_concurrency, runtime_env=_runtime_env())
                 .remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
             )
@@ -528,8 +564,6 @@ def _adapter_class() -> type:
         ) -> None:
             if wire_format != "named_tensors":
                 raise NotImplementedError(f"{ROLLOUT_NAME} rollout: weight format {wire_format!r}")
-            if kwargs.get("peft_config") is not None:
-                raise NotImplementedError(f"{ROLLOUT_NAME} rollout: LoRA adapters (use model.lora.merge=true)")
             state: dict[str, Any] = {}
             if hasattr(weights, "__aiter__"):
                 async for name, tensor in weights:  # type: ignore[union-attr]
@@ -538,7 +572,10 @@ def _adapter_class() -> type:
                 for name, tensor in weights:  # type: ignore[union-attr]
                     state[name] = _cpu_copy(tensor)
             if self.is_leader_rank:
-                await self.server().load_weights.remote(state, kwargs.get("global_steps"))
+                lora = {k: kwargs[k] for k in ("peft_config", "base_sync_done") if k in kwargs}
+                if lora.get("peft_config") is None:
+                    lora = {}
+                await self.server().load_weights.remote(state, kwargs.get("global_steps"), **lora)
 
     HFServerAdapter.__module__ = __name__
     return HFServerAdapter
@@ -639,12 +676,17 @@ def register() -> None:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    from . import verl_vllm
+
     replica = _replica_class()
+    vllm_replica = verl_vllm.replica_class(replica)
     RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: replica)
+    RolloutReplicaRegistry.register(verl_vllm.ROLLOUT_NAME, lambda: vllm_replica)
     adapter = _adapter_class()
     globals()["HFServerAdapter"] = adapter
     globals()["HFRolloutReplica"] = replica
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = f"{__name__}.HFServerAdapter"
+    for name in (ROLLOUT_NAME, verl_vllm.ROLLOUT_NAME):  # one trainer-side adapter: it sends to the named server
+        rollout_base._ROLLOUT_REGISTRY[(name, "async")] = f"{__name__}.HFServerAdapter"
     if CHECKPOINT_ENGINE not in getattr(CheckpointEngineRegistry, "_registry", {}):
         engine = _checkpoint_engine_class()
         globals()["RayCheckpointEngine"] = engine
