@@ -250,7 +250,7 @@ def export_checkpoint(actor_dir: Path, target: Path) -> None:
         save_file({k.replace(".default.weight", ".weight"): v for k, v in lora.items()},
                   str(adapter / "adapter_model.safetensors"))  # fmt: skip
         meta = json.loads((actor_dir / "lora_train_meta.json").read_text())
-        modules = sorted({k.split(".")[-3] for k in lora})
+        modules = sorted({k.split(".lora_")[0].rsplit(".", 1)[1] for k in lora})  # "...q_proj.lora_A.default.weight"
         config = {"peft_type": "LORA", "task_type": meta.get("task_type", "CAUSAL_LM"), "r": meta["r"],
                   "lora_alpha": meta["lora_alpha"], "target_modules": modules, "lora_dropout": 0.0,
                   "bias": "none"}  # fmt: skip
