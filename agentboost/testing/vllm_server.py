@@ -169,8 +169,9 @@ def wait_ready(
 
 class VLLMServer:
     """``<python> -m vllm.entrypoints.openai.api_server`` serving ``model_dir`` on ``host:port``, logging to
-    ``log_path``. :meth:`start` returns once it answers (or raises :class:`VLLMServerError`); :meth:`stop`
-    (or leaving the ``with`` block) ends its whole process group."""
+    ``log_path`` (``command``: another command line that serves there, e.g. one a document gives).
+    :meth:`start` returns once it answers (or raises :class:`VLLMServerError`); :meth:`stop` (or leaving the
+    ``with`` block) ends its whole process group."""
 
     def __init__(
         self,
@@ -183,14 +184,17 @@ class VLLMServer:
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.python = python
         self.model_dir = Path(model_dir)
         self.log_path = Path(log_path)
         self.host = host
         self.port = port or free_port(host)
-        self.command = server_command(python, self.model_dir, host=host, port=self.port,
-                                      max_model_len=max_model_len, extra_args=extra_args)  # fmt: skip
+        if command is None:
+            command = server_command(python, self.model_dir, host=host, port=self.port,
+                                     max_model_len=max_model_len, extra_args=extra_args)  # fmt: skip
+        self.command = list(command)
         self.env = {**SERVER_ENV, **os.environ, **(env or {})}
         self.process: subprocess.Popen[bytes] | None = None
 
