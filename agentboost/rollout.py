@@ -12,14 +12,20 @@ rLLM engine adapter all call it, so every path produces the same typed, checked 
   ``infra_error``) get reward 0 and an all-zero loss mask, and are still returned (never dropped);
 * every wait is bounded by the episode's wall clock: a deadline hit while the agent acts (its tools,
   the loop between calls) is the policy's ``timeout``; one hit while waiting for the server, the
-  environment (reset, the simulated user) or the reward is an infrastructure ``infra_error``.
+  environment (reset, the simulated user) or the reward is an infrastructure ``infra_error``;
+* a reward that raises, or is not a finite number (NaN, an infinity: it would make every advantage of
+  its group NaN), is an ``infra_error`` naming it; failures are logged once per cause
+  (:class:`EpisodeFailureLog`), not once per episode.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -56,6 +62,38 @@ class _QuietTypedStops(logging.Filter):
 
 
 logging.getLogger("strands.event_loop.event_loop").addFilter(_QuietTypedStops())
+
+
+class EpisodeFailureLog:
+    """Episode failures logged once per cause: the first episode that fails a way is logged, the later ones
+    counted (the 10th, 100th, ... logged with the count), so a reward that raises in every episode gives one
+    line, not one per episode. A cause is what the failure says with its numbers blanked; one not seen for
+    ``quiet_s`` is logged afresh (another run in the same process)."""
+
+    MAX_CAUSES = 1000
+
+    def __init__(self, quiet_s: float = 600.0) -> None:
+        self.quiet_s = quiet_s
+        self._seen: dict[str, tuple[int, float]] = {}  # cause -> (episodes, when the last one was seen)
+        self._lock = threading.Lock()
+
+    def __call__(self, level: int, episode_id: str, what: str, *, exc_info: bool = False) -> None:
+        key = re.sub(r"\d+", "#", what)[:500]
+        now = time.monotonic()
+        with self._lock:
+            count, last = self._seen.get(key, (0, now))
+            count = 1 if now - last > self.quiet_s else count + 1
+            if count == 1 and len(self._seen) >= self.MAX_CAUSES:
+                self._seen.clear()
+            self._seen[key] = (count, now)
+        if count == 1:
+            logger.log(level, "episode %s: %s (logged once: later episodes failing this way are counted)",
+                       episode_id, what, exc_info=exc_info)  # fmt: skip
+        elif math.log10(count).is_integer():
+            logger.log(level, "%d episodes so far: %s", count, what)
+
+
+log_episode_failure = EpisodeFailureLog()
 
 
 @dataclass(frozen=True)
@@ -166,6 +204,21 @@ def _cause_of_type(exc: BaseException, kind: type[BaseException]) -> BaseExcepti
     return None
 
 
+class _NonFiniteReward(ValueError):
+    """A reward function's NaN or infinity (its message is the episode's termination detail)."""
+
+
+def _checked_rewards(output: Any) -> tuple[float, dict[str, float]]:
+    """The reward and the per-agent rewards of a reward function's output, as finite floats: a NaN or an
+    infinity is no score (it would turn every advantage of its group into NaN), so the reward failed."""
+    reward = float(output.reward)
+    roles = {str(k): float(v) for k, v in (output.role_rewards or {}).items()}
+    bad = [f"{name} {value}" for name, value in (("reward", reward), *roles.items()) if not math.isfinite(value)]
+    if bad:
+        raise _NonFiniteReward(f"reward function returned a non-finite reward ({', '.join(bad)})")
+    return reward, roles
+
+
 def _check_messages(episode: Episode) -> None:
     for call in episode.calls:
         index = call.message_index
@@ -253,14 +306,14 @@ async def run_episode(
     except Exception as exc:
         termination, detail = _exception_termination(exc, len(episode.calls))
         if termination is Termination.INFRA_ERROR:
-            logger.warning("episode %s failed: %s", episode.id, detail, exc_info=logger.isEnabledFor(logging.DEBUG))
+            log_episode_failure(logging.WARNING, episode.id, detail, exc_info=logger.isEnabledFor(logging.DEBUG))
     fatal = getattr(model, "fatal_error", None)
     if fatal is not None and (termination, detail) != termination_of(fatal):
         # a model call failed where Strands kept going: an agent used as a tool (its error became a tool
         # result), a Swarm node (a failed node ends the swarm without an exception)
         termination, detail = termination_of(fatal)
-        logger.warning("episode %s: a model call failed (%s); the agents went on, the episode ends %s",
-                       episode.id, detail, termination.value)  # fmt: skip
+        log_episode_failure(logging.WARNING, episode.id, f"a model call failed ({detail}); the agents went on, the "
+                            f"episode ends {termination.value}")  # fmt: skip
     rollout_done = time.monotonic()
 
     if strands_agent is not None:
@@ -273,7 +326,7 @@ async def run_episode(
         _check_messages(episode)
     except ValueError as exc:
         violation = f"trajectory invariant violated: {exc}"
-        logger.error("episode %s: %s", episode.id, violation)
+        log_episode_failure(logging.ERROR, episode.id, violation)
         # Keep the first cause when the episode already failed for a reason that explains it.
         detail = f"{detail}; {violation}" if termination is Termination.INFRA_ERROR and detail else violation
         termination = Termination.INFRA_ERROR
@@ -290,6 +343,7 @@ async def run_episode(
             # on); one that still runs out of time failed for reasons outside the episode: masked.
             clock = ChargedClock(budget.reward_timeout_s)
             output = await run_charged(clock, env.compute_reward(episode))
+            reward, role_rewards = _checked_rewards(output)
         except asyncio.CancelledError:
             raise
         except (TimeoutError, asyncio.TimeoutError) as exc:
@@ -297,14 +351,17 @@ async def run_episode(
             detail = f"reward function timed out ({exc or f'after {budget.reward_timeout_s}s'})"
             episode.masked = True
         except Exception as exc:
-            termination, detail = Termination.INFRA_ERROR, f"reward function failed: {type(exc).__name__}: {exc}"
+            termination = Termination.INFRA_ERROR
+            detail = f"reward function failed: {type(exc).__name__}: {exc}"
+            if isinstance(exc, _NonFiniteReward):
+                detail = str(exc)
             episode.masked = True
-            logger.warning("episode %s: %s", episode.id, detail)
+            log_episode_failure(logging.WARNING, episode.id, detail)
         else:
-            episode.reward = float(output.reward)
+            episode.reward = reward
             episode.reward_metrics = dict(output.metrics)
             episode.is_correct = output.is_correct
-            episode.role_rewards = {str(k): float(v) for k, v in (output.role_rewards or {}).items()}
+            episode.role_rewards = role_rewards
         reward_s = time.monotonic() - reward_started
 
     episode.termination, episode.termination_detail = termination, detail

@@ -40,6 +40,23 @@ def test_rollout_rejects_missing_data(tmp_path, capsys) -> None:
     assert not out.exists()
 
 
+def test_a_rollout_onto_an_earlier_one_is_refused_unless_it_may_overwrite(tmp_path, capsys) -> None:
+    """Issue 40: --out onto an earlier rollout replaced it silently (8 episodes -> 6); eval refused there."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": "CALL add {}"}) + "\n" for i in range(3)))
+    out = tmp_path / "run"
+    args = ["rollout", "--data", str(rows), "--env", GENERIC_ENV, "--backend", "py:tests.pool_tools:directed_backend",
+            "--tokenizer", "offline:qwen2.5", "--workers", "0", "--out", str(out)]  # fmt: skip
+    assert main([*args, "--n", "2"]) == 0, capsys.readouterr().err
+    earlier = (out / "episodes.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*args, "--n", "1"]) == 2
+    assert "already holds a rollout" in capsys.readouterr().err
+    assert (out / "episodes.jsonl").read_text() == earlier and len(earlier.splitlines()) == 6  # untouched
+    assert main([*args, "--n", "1", "--overwrite"]) == 0, capsys.readouterr().err
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3
+
+
 def _run_cli(args: list[str], tmp_path, *, limit_s: float = 90.0) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh interpreter (as a user would), with a limit that catches a hang."""
     root = Path(__file__).resolve().parents[1]

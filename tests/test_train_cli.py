@@ -251,3 +251,18 @@ def test_steps_logged_after_the_last_checkpoint_are_not_logged_twice(tmp_path, m
     assert main(argv) == 0  # no checkpoint was saved: GRPO starts again from step 0
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2] and len((run_dir / "metrics.csv").read_text().splitlines()) == 3
+
+
+def test_none_in_a_config_file_means_what_the_flag_s_none_means(tmp_path, capsys) -> None:
+    """Issue 40: ``wandb_project: none`` created a W&B project named "none" (the flag's none disables W&B) and
+    ``sft_steps: none`` was refused though --help documents N|none."""
+    config = tmp_path / "train.yaml"
+    config.write_text("wandb_project: none\nsft_steps: None\neval_k: none\n")
+    assert main(["train", "--config", str(config), "--print-config"]) == 0
+    import yaml
+
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    assert resolved["wandb_project"] is None and resolved["sft_steps"] is None and resolved["eval_k"] == []
+    config.write_text("steps: none\n")  # not optional: still refused, in one line
+    assert main(["train", "--config", str(config), "--print-config"]) == 2
+    assert "steps must be an integer, got 'none'" in capsys.readouterr().err

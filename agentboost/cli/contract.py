@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import importlib.util
 import os
 import re
@@ -200,11 +201,15 @@ class ArgumentParser(argparse.ArgumentParser):
 # -- inputs ----------------------------------------------------------------------------------------------------
 
 
-def resolve_ref(ref: Any, what: str) -> Any:
+def resolve_ref(ref: Any, what: str, expected: str = "module:attr") -> Any:
     """Import a ``module:attr`` reference; a failure is bad input naming ``what`` (and the extra or
-    ``PYTHONPATH=.`` when that is the cause)."""
+    ``PYTHONPATH=.`` when that is the cause). A bare module (no ``:``) is refused: ``expected`` says what
+    to name instead (``module:Class``)."""
     from ..utils.refs import resolve
 
+    if isinstance(ref, str) and ":" not in ref:
+        example = f"{ref or 'package.module'}:{expected.partition(':')[2]}"
+        raise BadInput(f"{what}: expected {expected}, e.g. {example}")
     try:
         return resolve(ref)
     except Exception as exc:
@@ -342,9 +347,9 @@ def build_first_env(agent: Any, row: dict[str, Any]) -> None:
         where = f"the first row (task {task_id_of(row, 0)!r})"
     except Exception:
         where = "the first row"
-    resolve_ref(agent.env, f"--env {agent.env}")
+    resolve_ref(agent.env, f"--env {agent.env}", "module:Class")
     if agent.agent_factory:
-        resolve_ref(agent.agent_factory, f"--agent {agent.agent_factory}")
+        resolve_ref(agent.agent_factory, f"--agent {agent.agent_factory}", "module:function")
     from ..backends.factory import ModelSpec
 
     try:
@@ -438,10 +443,16 @@ def check_device(device: str | None, flag: str = "--device") -> None:
 
 def check_model_dir(path: str, flag: str = "--model") -> Path:
     """A local Hugging Face model directory (``config.json`` in it); a hub id or a missing path is bad input."""
+    from ..train.models import check_weights
+
     directory = Path(path).expanduser()
     if directory.is_dir():
         if not (directory / "config.json").is_file():
             raise BadInput(f"{flag} {path}: no config.json in it, so it is not a Hugging Face model directory")
+        try:
+            check_weights(directory, flag=flag)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from exc
         return directory
     if directory.exists():
         raise BadInput(f"{flag} {path}: is a file; name a Hugging Face model directory")
@@ -516,7 +527,7 @@ def check_model(spec: Any, *, workers: int = 0) -> None:
     else:
         load_tokenizer(spec.backend[3:], "--backend hf:")
     if kind == "py":
-        resolve_ref(spec.backend[3:], f"--backend {spec.backend}")
+        resolve_ref(spec.backend[3:], f"--backend {spec.backend}", "module:factory")
     if kind == "http":
         urls = [u.strip() for u in spec.backend.split(",") if u.strip()]
         probe_servers(urls, api_key=spec.api_key, need_model=spec.served_model is None)
@@ -579,6 +590,49 @@ class InfraWatch:
         if self._tripped.is_set():
             raise self.failure()
         return runner.result()
+
+
+NO_SPACE = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT"}
+NEARLY_FULL_BYTES = 1 << 20
+"""A device with less free than this after a failed write is taken to be full (see :func:`disk_full`)."""
+
+
+def disk_full(exc: BaseException, where: Path) -> str | None:
+    """The one-line cause when ``exc`` came from a full disk or quota, naming where (None otherwise): ENOSPC or
+    EDQUOT anywhere in its cause chain, or, since some writers lose the operating system's error on the way
+    (torch's says "unexpected pos 222336 vs 222224"), a device left with less than 1 MiB free. Call it before
+    removing what the run wrote."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return (
+                f"no space left on the device holding {where} ({NO_SPACE[current.errno]}: {current.strerror}); "
+                "free some space"
+            )
+        if "No space left on device" in str(current):  # a library's own error around the OS's (safetensors)
+            return (
+                f"no space left on the device holding {where} (ENOSPC, in a {type(current).__name__}); free some space"
+            )
+        current = current.__cause__ or current.__context__
+    existing = Path(where)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return None
+    if free < NEARLY_FULL_BYTES:
+        why = f"ENOSPC: {free} bytes free after a {type(exc).__name__}"
+        return f"no space left on the device holding {where} ({why}); free some space"
+    return None
+
+
+def write_failure(exc: OSError, where: Path) -> InfraFailure:
+    """The exit-3 line for a run that failed with an ``OSError`` while writing to ``where`` (a full disk named
+    as such)."""
+    return InfraFailure(disk_full(exc, where) or f"the run failed: {describe(exc)}")
 
 
 def infra_summary(episodes: list[Any]) -> InfraFailure | None:

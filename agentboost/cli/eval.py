@@ -208,7 +208,7 @@ async def _run(todo: list[EpisodeSpec], store: EpisodeStore, *, total: int, done
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    bar = tqdm(total=total, initial=done, desc="eval", unit="ep", file=sys.stderr)
+    bar = tqdm(total=total, initial=done, desc="eval", unit="ep", file=sys.stderr, disable=None)  # a terminal only
     successes = 0
     watch = contract.InfraWatch(len(todo))
 

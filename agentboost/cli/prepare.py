@@ -19,6 +19,7 @@ import argparse
 import json
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..train.configfile import parse_kv
@@ -69,13 +70,57 @@ def run(args: argparse.Namespace) -> int:
         launch.append("ENV_ARGS=" + shlex.quote(" ".join(f"{k}={json.dumps(v)}" for k, v in args.env_arg)))
     if args.agent:
         launch.append("AGENT_ARGS=" + shlex.quote(f"agent_factory={args.agent}"))
-    launch += [f"DATA={shlex.quote(args.out)}", "bash examples/custom/train_verl.sh"]
+    refs = [env, args.agent, *(v for _, v in args.env_arg if isinstance(v, str) and ":" in v)]
+    root = _source_root(*refs)
+    if root is not None:
+        launch.append(f"PYTHONPATH={shlex.quote(root)}")
+    launch += [f"DATA={shlex.quote(str(Path(args.out).resolve()))}", f"bash {_launch_script()}"]
     sys.stdout.write(
         f"checked {len(train) + len(test)} rows: every one builds {env}\n"
         + "".join(f"wrote {path}\n" for path in written.values())
         + f"train on GPUs (verl route): {' '.join(launch)}\n"
     )
     return 0
+
+
+def _launch_script() -> str:
+    """The verl route's launch script by its absolute path (the command works from any directory); an
+    install without the repository's examples says where it is."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "custom" / "train_verl.sh"
+    if script.is_file():
+        return shlex.quote(str(script))
+    return "examples/custom/train_verl.sh (in a clone of the agentboost repository)"
+
+
+def _source_root(*refs: str | None) -> str | None:
+    """The directory to put on PYTHONPATH for the ``module:attr`` references a fresh interpreter elsewhere
+    cannot import (a package in the user's working tree), so the launch command works from any directory."""
+    import importlib.util
+    import os
+    import subprocess
+
+    modules = sorted({(ref or "").partition(":")[0] for ref in refs} - {""})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = (
+        "import importlib.util as u, sys\n"
+        "def found(m):\n    try:\n        return u.find_spec(m) is not None\n"
+        "    except Exception:\n        return False\n"
+        "print(' '.join(m for m in sys.argv[1:] if not found(m)))"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code, *modules], check=False, cwd=os.path.abspath(os.sep), env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for module in done.stdout.split():
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            continue
+        root = Path(spec.origin).resolve().parent
+        for _ in range(module.count(".") + spec.origin.endswith("__init__.py")):
+            root = root.parent
+        return str(root)
+    return None
 
 
 def _prepare(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
@@ -96,7 +141,7 @@ def _prepare(args: argparse.Namespace) -> tuple[str, list[dict[str, Any]], list[
     if system_prompt is None and args.agent is None and preset is not None:
         system_prompt = preset.resolved_system_prompt()
     if args.agent:
-        contract.resolve_ref(args.agent, f"--agent {args.agent}")
+        contract.resolve_ref(args.agent, f"--agent {args.agent}", "module:function")
     if args.data:
         rows = contract.read_rows(args.data, limit=args.limit)
         from ..runs import AgentSpec

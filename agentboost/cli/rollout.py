@@ -189,7 +189,8 @@ def add_parser(sub: Any) -> None:
         "--workers", type=int, default=0, help="agent worker processes (0: run episodes in this process)"
     )
     add_worker_memory_argument(parser)
-    parser.add_argument("--out", default="runs/rollout", help="output directory")
+    parser.add_argument("--out", default="runs/rollout", help="output directory (one that holds a rollout is refused)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the rollout already in --out")
     add_model_arguments(parser)
     add_rollout_arguments(parser)
     parser.set_defaults(func=run)
@@ -253,18 +254,29 @@ def settings_from_args(args: argparse.Namespace) -> RolloutSettings:
     )  # fmt: skip
 
 
+OUTPUTS = ("episodes.jsonl", "summary.json", "summary.md")
+
+
 def run(args: argparse.Namespace) -> int:
     out = contract.output_dir(args.out)
+    earlier = [name for name in OUTPUTS if (out / name).exists()]
+    if earlier and not args.overwrite:
+        raise BadInput(f"--out {out} already holds a rollout ({', '.join(earlier)}): choose another --out, or pass "
+                       "--overwrite to replace it")  # fmt: skip
     _, _, specs = plan_episodes(args, "rollout", split="rollout", default_limit=8)
     model = specs[0].model
     with contract.Outputs(out) as outputs:  # a run stopped for infrastructure reasons leaves nothing behind
         out.mkdir(parents=True, exist_ok=True)
         episodes_path = outputs.claim(out / "episodes.jsonl")
-        for name in ("summary.json", "summary.md"):
+        for name in OUTPUTS[1:]:
             outputs.claim(out / name)
-        episodes = asyncio.run(
-            _run(specs, args.concurrency, episodes_path, workers=args.workers, memory_limit_mb=args.worker_memory_mb)
-        )
+        try:
+            episodes = asyncio.run(
+                _run(specs, args.concurrency, episodes_path, workers=args.workers,
+                     memory_limit_mb=args.worker_memory_mb)
+            )  # fmt: skip
+        except OSError as exc:  # writing episodes.jsonl (a full disk); the episodes' own failures are caught
+            raise contract.write_failure(exc, out) from exc
         summary = summarize(episodes)
         baseline = is_provider_backend(model.backend)
         if baseline:  # no tokens: say so wherever the numbers are read; turns are the provider's calls
@@ -273,11 +285,14 @@ def run(args: argparse.Namespace) -> int:
             summary["turns_mean"] = sum(turns_of(e) for e in episodes) / max(1, len(episodes))
             summary = {"token_exact": False, "not_training_data": NOT_TOKEN_EXACT,
                        "strands_model": model.backend[len(PREFIX):], **summary}  # fmt: skip
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
         text = markdown(summary, title=f"Rollout summary ({len(episodes)} episodes)")
         if baseline:
             text = f"**{NOT_TOKEN_EXACT}**: {model.backend[len(PREFIX) :]} through a Strands model provider.\n\n" + text
-        (out / "summary.md").write_text(text)
+        try:
+            (out / "summary.json").write_text(json.dumps(summary, indent=2))
+            (out / "summary.md").write_text(text)
+        except OSError as exc:
+            raise contract.write_failure(exc, out) from exc
     sys.stdout.write(text + f"\nepisodes: {episodes_path}\nsummary: {out / 'summary.json'}\n")
     failure = contract.infra_summary(episodes)
     if failure is not None:  # results, but not all of them: the summary counts these as failures
@@ -294,7 +309,7 @@ async def _run(
     first episodes all end in ``infra_error``."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr)
+    bar = tqdm(total=len(specs), desc="episodes", unit="ep", file=sys.stderr, disable=None)  # a terminal only
     watch = contract.InfraWatch(len(specs))
     with open(path, "w", encoding="utf-8") as fh:
 

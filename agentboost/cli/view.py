@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..viewer.page import Caps, page_data, write_page
-from ..viewer.source import load, tokenizer_ref
+from ..viewer.source import episodes_path, load, tokenizer_ref
 from ..viewer.tokens import PieceDecoder, open_tokenizer
 from . import contract
 from .contract import BadInput
@@ -60,6 +60,22 @@ def add_parser(sub: Any) -> None:
                         "the last ones; every trajectory is listed)")  # fmt: skip
     parser.add_argument("--title", default=None)
     parser.set_defaults(func=main)
+
+
+EXPECTED = "expected an episodes .jsonl of agentboost rollout or eval, or an eval directory"
+NOT_EPISODES = {".safetensors", ".bin", ".pt", ".pth", ".gguf", ".parquet", ".npz", ".zip", ".gz", ".html", ".png"}
+
+
+def check_episodes_file(file: Path) -> None:
+    """Refuse what is plainly not an episodes file before reading it through (a model's weights, a
+    dataset in another format, a binary file): its suffix, or a first line that is not a JSON object."""
+    if file.suffix.lower() in NOT_EPISODES:
+        raise ValueError(f"{file}: a {file.suffix} file, not episodes; {EXPECTED}")
+    with open(file, "rb") as fh:
+        head = fh.read(4096)
+    text = head.lstrip()
+    if b"\0" in head or (text and not text.startswith(b"{")):
+        raise ValueError(f"{file}: not JSON lines (it starts with {head[:24]!r}); {EXPECTED}")
 
 
 def default_out(path: Path) -> Path:
@@ -97,9 +113,15 @@ def main(args: argparse.Namespace) -> int:
     caps = Caps(episodes=args.max_episodes, tokens=args.max_tokens, prompt_tokens=args.max_prompt_tokens,
                 chars=args.max_chars, trajectories=args.max_trajectories)  # fmt: skip
     try:
+        check_episodes_file(episodes_path(path))
         source = load(path, max_episodes=caps.episodes, skip_records=args.skip)
     except (OSError, ValueError) as exc:
         raise BadInput(str(exc)) from exc
+    if not source.episodes:
+        if source.total and args.skip >= source.total:
+            raise BadInput(f"--skip {args.skip}: {source.path} holds {source.total} episodes")
+        first = f" (line {source.skipped[0].line}: {source.skipped[0].reason})" if source.skipped else ""
+        raise BadInput(f"{source.path}: no episode records in it{first}; {EXPECTED}")
     decoder, status = _decoder(args, tokenizer_ref(source))
     title = args.title or f"agentboost episodes: {path.resolve().name}"
     data = page_data(source, decoder, tokenizer_status=status, caps=caps, title=title)

@@ -268,6 +268,9 @@ def load_yaml(path: str | Path, cls: type) -> dict[str, Any]:
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:
     kind, optional = _parts(hint)
+    container = typing.get_origin(kind) in (dict, list)
+    if isinstance(value, str) and value.strip().lower() in NONE_WORDS and (optional or container):
+        value = None  # what the flag's "none" means (--wandb-project none: no W&B; --sft-steps none)
     if value is None:
         if optional or typing.get_origin(kind) in (dict, list):
             return {} if typing.get_origin(kind) is dict else ([] if typing.get_origin(kind) is list else None)

@@ -54,7 +54,76 @@ def check_model_dir(path: str, *, flag: str = "--model") -> Path:
         raise ValueError(f"{flag} {path}: {what}{hint}")
     if not (directory / "config.json").is_file():
         raise ValueError(f"{flag} {path}: no config.json there, not a Hugging Face model directory")
+    check_weights(directory, flag=flag)
     return directory
+
+
+WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+SAFETENSORS_HEADER_MAX = 100 << 20
+
+
+def check_weights(directory: Path, *, flag: str = "--model") -> None:
+    """The model's weight files are there and whole, read without loading them: a safetensors file's header
+    must parse and its tensors end where the file ends (a truncated download or copy is found here, not as a
+    deserialisation error minutes later); a ``.bin`` file must open as the zip archive torch writes. Shards
+    named by an ``*.index.json`` are each checked. ValueError naming the file."""
+    import json
+    import zipfile
+
+    files: list[Path] = []
+    for name in WEIGHTS:
+        index = directory / f"{name}.index.json"
+        if index.is_file():
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(f"{flag} {directory}: {index.name} is not a weights index ({exc})") from None
+            files += [directory / shard for shard in shards]
+        elif (directory / name).is_file():
+            files.append(directory / name)
+    if not files:
+        raise ValueError(f"{flag} {directory}: no weights in it ({' or '.join(WEIGHTS)}, or a sharded index)")
+    for file in files:
+        if not file.is_file():
+            raise ValueError(f"{flag} {directory}: {file.name} is missing (named by its weights index)")
+        size = file.stat().st_size
+        if file.suffix == ".safetensors":
+            why = _safetensors_problem(file, size)
+        else:
+            try:
+                with zipfile.ZipFile(file):
+                    why = None
+            except zipfile.BadZipFile as exc:
+                why = f"not a whole torch archive ({exc})"
+            except OSError as exc:
+                why = f"unreadable ({exc})"
+        if why is not None:
+            raise ValueError(f"{flag} {directory}: {file.name} is {why}: copy or download it again")
+
+
+def _safetensors_problem(file: Path, size: int) -> str | None:
+    import json
+    import struct
+
+    try:
+        with open(file, "rb") as fh:
+            head = fh.read(8)
+            length = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            if length is None or length > min(SAFETENSORS_HEADER_MAX, size - 8):
+                return f"truncated or not a safetensors file ({size} bytes)"
+            header = json.loads(fh.read(length))
+    except OSError as exc:
+        return f"unreadable ({exc})"
+    except ValueError:
+        return "corrupt (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "corrupt (its header is not a mapping)"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
+            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2]  # fmt: skip
+    expected = 8 + length + max(ends, default=0)
+    if expected != size:
+        return f"truncated or corrupt (its header describes {expected} bytes, the file has {size})"
+    return None
 
 
 def lora_settings(rank: int, alpha: int | None = None) -> dict[str, Any] | None:
