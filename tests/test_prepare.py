@@ -58,6 +58,19 @@ def test_prepare_writes_both_routes_datasets_of_rows_that_build_their_env(tmp_pa
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")], "no staging directory left"
 
 
+def test_the_suggested_launch_command_works_from_any_directory(tmp_path, capsys, monkeypatch) -> None:
+    """Issue 40: the next command prepare printed named the launch script and the data relative to the
+    repository root, and left the user's own package (importable here only) off PYTHONPATH."""
+    monkeypatch.chdir(ROOT)  # tests.letter_env is importable from here only
+    out = tmp_path / "data" / "letters"
+    argv = ["prepare", "--data", str(_rows_file(tmp_path, letter_env.rows())), "--env", ENV, "--out",
+            str(out), "--register", "no"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    launch = shlex.split(capsys.readouterr().out.splitlines()[-1])
+    assert launch[-2:] == ["bash", str(SCRIPT)], launch
+    assert f"DATA={out.resolve()}" in launch and f"PYTHONPATH={ROOT}" in launch, launch
+
+
 def test_prepare_refuses_a_row_whose_environment_does_not_build_and_writes_nothing(tmp_path, capsys) -> None:
     rows = letter_env.rows()
     rows[3] = {**rows[3], "prompt_key": "nowhere"}
