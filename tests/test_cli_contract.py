@@ -207,11 +207,17 @@ CASES = [
     # -- the command line itself ----------------------------------------------------------------------------------
     Case("unknown-command", ["train-everything"], 2, ["invalid choice: 'train-everything'"]),
     Case("bad-log-level", ["--log-level", "LOUD", "view", "x"], 2, ["--log-level LOUD"]),
-    # -- issue 40: train's inputs -------------------------------------------------------------------------------------
+    # -- issue 40: train's inputs, an offline tokenizer and model -----------------------------------------------------
+    Case("train-model-without-tokenizer", [*TRAIN, *ENV[:2], "--model", "notokenizer"], 2,
+         ["--model notokenizer: no tokenizer in it", "--tokenizer offline:<family>"], needs=TORCH),
     Case("train-truncated-weights", [*TRAIN, *ENV[:2], "--model", "truncated"], 2,
          ["model.safetensors is truncated or corrupt", "download it again"], needs=TORCH),
+    Case("train-tokenizer-offline", [*TRAIN, *ENV[:2], "--tokenizer", "offline:qwen2.5"], 2,
+         ["--tokenizer offline:qwen2.5 has", "tokens, more than the", "a tokenizer of another model?"], needs=TORCH),
     Case("train-env-without-class", [*TRAIN, "--data", "good.jsonl", "--env", PARTS], 2,
          [f"--env {PARTS}: expected module:Class"], needs=TORCH),
+    Case("train-tiny-with-lora", [*TRAIN, *ENV[:2], "--model", "tiny", "--lora-rank", "4"], 2,
+         ["--model tiny trains every weight", "drop --lora-rank"]),
     # -- issue 40: rollout and eval: non-finite rewards, full disk, one warning per cause, an earlier rollout -------
     Case("rollout-reward-nan", rollout(*ENV, "--env-arg", f"reward_fn={PARTS}:nan", *N4), 3,
          ["all 4 episodes ended in infra_error", "reward function returned a non-finite reward (reward nan)"],
@@ -236,13 +242,15 @@ CASES = [
          [f"--env {PARTS}: expected module:Class, e.g. {PARTS}:Class"]),  # was: module has no attribute 'from_dict'
     Case("rollout-agent-without-function", rollout(*ENV, "--agent", PARTS, "--out", "o"), 2,
          [f"--agent {PARTS}: expected module:function"]),
-    # -- issue 40: view ------------------------------------------------------------------------------------------------
+    # -- issue 40: view, init-model --------------------------------------------------------------------------------
     Case("view-a-dataset", ["view", "good.jsonl", "--out", "o.html"], 2,
          ["good.jsonl: no episode records in it", "expected an episodes .jsonl"]),
     Case("view-a-weights-file", ["view", "tinymodel/model.safetensors", "--out", "o.html"], 2,
          ["a .safetensors file, not episodes"], needs=TORCH),
     Case("view-skip-past-the-end", ["view", "episodes.jsonl", "--skip", "5", "--out", "o.html"], 2,
          ["--skip 5", "holds 1 episodes"]),
+    Case("init-model-into-a-model", ["init-model", "tinymodel", *ENV], 2, ["exists and is not empty"], needs=TORCH),
+    Case("init-model-bad-heads", ["init-model", "m", *ENV, "--num-heads", "3"], 2, ["num_heads=3 must split"]),
 ]  # fmt: skip
 
 

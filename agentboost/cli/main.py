@@ -16,7 +16,7 @@ import sys
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from .. import __version__
-from . import contract, export, prepare, quickstart, rollout, train, view
+from . import contract, export, init_model, prepare, quickstart, rollout, train, view
 from . import eval as eval_cmd
 
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     view.add_parser(sub)
     train.add_parser(sub)
     export.add_parser(sub)
+    init_model.add_parser(sub)
     prepare.add_parser(sub)
     args = parser.parse_args(argv)
     level = getattr(logging, str(args.log_level).upper(), None)

