@@ -207,6 +207,23 @@ CASES = [
     # -- the command line itself ----------------------------------------------------------------------------------
     Case("unknown-command", ["train-everything"], 2, ["invalid choice: 'train-everything'"]),
     Case("bad-log-level", ["--log-level", "LOUD", "view", "x"], 2, ["--log-level LOUD"]),
+    # -- issue 40: train fails like rollout and eval (exit 3 naming the cause, nothing left) --------------------------
+    Case("train-reward-raises", [*TRAIN, *ENV[:2], "--env-arg", f"reward_fn={PARTS}:divides_by_zero"], 3,
+         ["the first GRPO step's episodes", "infra_error", "ZeroDivisionError", "was cleared"], needs=TORCH, lines=2),
+    Case("train-agent-factory-raises", [*TRAIN, *ENV[:2], "--agent", f"{PARTS}:broken_agent"], 3,
+         ["the first GRPO step's episodes", "the agent factory broke"], needs=TORCH, lines=2),
+    Case("train-reward-nan", [*TRAIN, *ENV[:2], "--env-arg", f"reward_fn={PARTS}:nan"], 3,
+         ["the first GRPO step's episodes", "non-finite reward (reward nan)"], needs=TORCH, lines=2),
+    Case("train-only-row-overflows", [*TRAIN, "--data", "big.jsonl"], 3,
+         ["the first GRPO step's episodes", "context_overflow", "leaves no token budget"], needs=TORCH),
+    Case("train-no-signal", [*TRAIN, *ENV[:2], "--env-arg", f"reward_fn={PARTS}:always_zero", "--steps", "2",
+                             "--max-steps-without-signal", "2", "--save-every", "0"], 3,
+         ["2 GRPO steps in a row", "no group had a reward spread (every episode got reward 0)"], needs=TORCH, lines=2),
+    Case("train-group-size-1", [*TRAIN, *ENV[:2], "--group-size", "1"], 2, ["--group-size must be >= 2"]),
+    Case("train-full-disk", [*TRAIN[:-1], "full", *ENV[:2], "--env-arg", f"reward_fn={PARTS}:always_zero",
+                             "--save-every", "1"], 3,
+         ["no space left on the device holding full (ENOSPC", "nothing could be resumed"], needs=TORCH, lines=2,
+         disk_kib=200),
     # -- issue 40: train's inputs, an offline tokenizer and model -----------------------------------------------------
     Case("train-model-without-tokenizer", [*TRAIN, *ENV[:2], "--model", "notokenizer"], 2,
          ["--model notokenizer: no tokenizer in it", "--tokenizer offline:<family>"], needs=TORCH),

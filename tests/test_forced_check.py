@@ -19,16 +19,14 @@ from agentboost.agents.strands_agent import StrandsAgent  # noqa: E402
 from agentboost.batch import episodes_to_batch  # noqa: E402
 from agentboost.chat.template import ChatTemplate  # noqa: E402
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
-from agentboost.quickstart import (  # noqa: E402
-    ENV,
-    QuickstartConfig,
-    build_quickstart_model,
+from agentboost.quickstart import ENV, QuickstartConfig, build_quickstart_model  # noqa: E402
+from agentboost.rewards.answer import final_answer_text  # noqa: E402
+from agentboost.train.demonstration import (  # noqa: E402
     demo_turns,
     reproduces_demonstration,
     warm_start,
     warm_start_check_rows,
 )
-from agentboost.rewards.answer import final_answer_text  # noqa: E402
 from agentboost.train.forced import CHOICE, NOTHING, choice_token, forced, response_classes  # noqa: E402
 from agentboost.train.logprobs import response_logprobs  # noqa: E402
 from agentboost.train.sft import SFTRun, demonstration_episodes  # noqa: E402

@@ -25,16 +25,18 @@ from agentboost.quickstart import (  # noqa: E402
     QuickstartConfig,
     _build_model,
     check_resumable,
+    format_summary,
+    run_quickstart,
+)
+from agentboost.tools.calculator import evaluate, format_number  # noqa: E402
+from agentboost.train.demonstration import (  # noqa: E402
     demo_turns,
     demonstration_rows,
-    format_summary,
     reproduces_demonstration,
-    run_quickstart,
     verbose_answer,
     warm_start,
     warm_start_check_rows,
 )
-from agentboost.tools.calculator import evaluate, format_number  # noqa: E402
 from agentboost.train.sft import demonstration_episodes  # noqa: E402
 from agentboost.train.trainer import GRPOTrainer, TrainConfig  # noqa: E402
 from agentboost.types import Budget, SamplingParams  # noqa: E402
@@ -105,9 +107,9 @@ def test_the_demonstrations_never_repeat_an_expression_and_outnumber_the_task_s_
             shown.extend(episodes)
             super().__init__(model, episodes, **kwargs)
 
-    import agentboost.quickstart as quickstart
+    import agentboost.train.demonstration as demonstration
 
-    monkeypatch.setattr(quickstart, "SFTRun", Recorded)
+    monkeypatch.setattr(demonstration, "SFTRun", Recorded)
     report = DemonstrationWarmStart(cfg, rows, steps=1).run(trainer, None, progress=False)
     questions = [e.messages[0]["content"][0]["text"] for e in shown]
     assert len(questions) == 2 * cfg.demos  # every expression in both answer styles
@@ -162,7 +164,7 @@ def test_the_warm_start_stops_at_the_first_check_that_meets_the_target(tiny, tmp
 def test_a_warm_start_that_never_meets_its_target_runs_to_the_ceiling_and_says_so(tiny, tmp_path, caplog) -> None:
     cfg, rows, _, _ = tiny
     hard = QuickstartConfig(**{**cfg.__dict__, "warm_start_target": 1.01, "warm_start_check_every": 4, "sft_batch": 4})
-    with caplog.at_level(logging.WARNING, logger="agentboost.quickstart"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.train.demonstration"):
         report = warm_start(hard, _trainer(tiny, tmp_path), rows, steps=10, progress=False)
     assert report["steps"] == 10 and not report["reached"]
     assert [c["step"] for c in report["checks"]] == [4, 8, 10]  # the ceiling is checked too
@@ -173,7 +175,7 @@ def test_without_a_target_the_warm_start_runs_its_steps_and_reports_the_check(ti
     cfg, rows, _, _ = tiny
     options = {"warm_start_target": None, "warm_start_check_every": 2, "sft_batch": 4, "warm_start_low": 1.01}
     fixed = QuickstartConfig(**{**cfg.__dict__, **options})
-    with caplog.at_level(logging.WARNING, logger="agentboost.quickstart"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.train.demonstration"):
         report = warm_start(fixed, _trainer(tiny, tmp_path), rows, steps=5, progress=False)
     assert report["steps"] == 5 and report["target"] is None
     assert [c["step"] for c in report["checks"]] == [5]  # measured once, at the end
@@ -191,6 +193,17 @@ def test_the_quickstart_records_its_warm_start(tmp_path) -> None:
     assert stored["warm_start"] == summary["warm_start"]
     assert stored["warm_start"]["steps"] == 6 and [c["step"] for c in stored["warm_start"]["checks"]] == [6]
     assert "warm start: 6 steps" in format_summary(summary)
+    # issue 40: the warm start's loss per step (and its check) are in the run's metrics, before GRPO's rows
+    logged = [json.loads(line) for line in (tmp_path / "qs" / "metrics.jsonl").read_text().splitlines()]
+    warm = [row for row in logged if "warm_start/step" in row]
+    assert [row["warm_start/step"] for row in warm] == [1, 2, 3, 4, 5, 6] and logged[:6] == warm
+    assert all(row["warm_start/loss"] > 0 and row["warm_start/lr"] > 0 for row in warm)
+    assert warm[-1]["warm_start/check_greedy"] == stored["warm_start"]["check"]
+    assert [row["step"] for row in logged[6:]] == [1]
+    header = (tmp_path / "qs" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"warm_start/step", "warm_start/loss", "warm_start/check_rewarded", "step", "reward_mean"} <= set(header)
+    events = b"".join(p.read_bytes() for p in (tmp_path / "qs" / "tensorboard").glob("events.out.tfevents.*"))
+    assert b"warm_start/loss" in events and b"warm_start/check_greedy" in events
 
 
 def test_the_cli_parses_every_option_with_its_annotated_type() -> None:
@@ -358,7 +371,7 @@ def _check(greedy: float, rewarded: float, greedy_rewarded: float = 0.0) -> dict
 def _scripted_rollouts(monkeypatch, trainer, *, reproduced: float, rewarded: float) -> list[tuple[int, str]]:
     """Rollouts of the check tasks (the end's real check) scripted: ``reproduced`` of the episodes reproduce
     the demonstrations, ``rewarded`` earn reward. Returns (step, greedy or sampled) per call."""
-    import agentboost.quickstart as quickstart
+    import agentboost.train.demonstration as demonstration
     from agentboost.episode import Episode
     from agentboost.types import Termination
 
@@ -375,7 +388,7 @@ def _scripted_rollouts(monkeypatch, trainer, *, reproduced: float, rewarded: flo
         return episodes
 
     monkeypatch.setattr(trainer, "rollout", rollout)
-    monkeypatch.setattr(quickstart, "reproduces_demonstration", lambda row, episode: episode.metadata["reproduces"])
+    monkeypatch.setattr(demonstration, "reproduces_demonstration", lambda row, episode: episode.metadata["reproduces"])
     return calls
 
 
@@ -395,7 +408,7 @@ def test_a_warm_start_that_ends_at_its_ceiling_with_a_usable_policy_does_not_war
     _scripted_checks(monkeypatch, trainer, reproduced_every=5, of=8, rewarded_every=4)  # 0.625 and 0.25
     at_ceiling = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
                                      "sft_batch": 4})  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="agentboost.quickstart"):
+    with caplog.at_level(logging.INFO, logger="agentboost.train.demonstration"):
         report = warm_start(at_ceiling, trainer, rows, steps=4, progress=False)
     assert report["steps"] == 4 and report["check"] == 0.625 and report["rewarded"] == 0.25
     assert not report["reached"] and report["target"] == 0.8
@@ -421,7 +434,7 @@ def test_a_weak_policy_at_the_end_of_the_warm_start_is_warned_about(tiny, tmp_pa
     _scripted_checks(monkeypatch, trainer, reproduced_every=3, of=8, rewarded_every=4)  # 0.375 < 0.5
     weak = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_tasks": 8, "warm_start_check_every": 2,
                                "sft_batch": 4})  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="agentboost.quickstart"):
+    with caplog.at_level(logging.WARNING, logger="agentboost.train.demonstration"):
         report = warm_start(weak, trainer, rows, steps=4, progress=False)
     assert report["weak"] and "may learn little" in caplog.text and "below 0.50" in caplog.text
 
@@ -478,6 +491,47 @@ def test_an_interrupted_warm_start_resumes_from_its_last_save(tiny, tmp_path, mo
     assert again == resumed
 
 
+def test_ctrl_c_before_the_first_check_resumes_where_it_was(tiny, tmp_path, monkeypatch) -> None:
+    """Issue 40: the warm start saved at its checks only, so a Ctrl-C before the first one (the quickstart's: 50
+    steps, 8 s each on a loaded machine) started it again from step 0. A Ctrl-C (SIGINT) now ends the step in
+    hand, saves and stops; the rerun goes on from there, and metrics.jsonl keeps every step once."""
+    import os
+    import signal
+
+    from agentboost.train.demonstration import DemonstrationWarmStart
+    from agentboost.train.metrics import MetricsLogger
+    from agentboost.train.sft import SFTRun
+
+    cfg, rows, _, _ = tiny
+    run_cfg = QuickstartConfig(**{**cfg.__dict__, "warm_start_target": 1.01, "warm_start_check_every": 50,
+                                  "sft_batch": 4})  # fmt: skip
+    real_step = SFTRun.train_step
+    steps: list[int] = []
+
+    def step_and_ctrl_c_in_step_3(self):
+        steps.append(self.step + 1)
+        loss = real_step(self)
+        if self.step == 3 and steps.count(3) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, in the middle of step 3's work
+        return loss
+
+    monkeypatch.setattr(SFTRun, "train_step", step_and_ctrl_c_in_step_3)
+    directory = tmp_path / "warm_start"
+    log = MetricsLogger(tmp_path, project=None)
+    with pytest.raises(KeyboardInterrupt):
+        DemonstrationWarmStart(run_cfg, rows, steps=6).run(_trainer(tiny, tmp_path), directory, progress=False,
+                                                            log=log)  # fmt: skip
+    log.close()
+    assert steps == [1, 2, 3] and json.loads((directory / "state.json").read_text())["step"] == 3
+    log = MetricsLogger(tmp_path, project=None)
+    report = DemonstrationWarmStart(run_cfg, rows, steps=6).run(_trainer(tiny, tmp_path), directory, progress=False,
+                                                                log=log)  # fmt: skip
+    log.close()
+    assert steps == [1, 2, 3, 4, 5, 6] and report["steps"] == 6  # steps 1-3 were not run again
+    logged = [json.loads(line)["warm_start/step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [1, 2, 3, 4, 5, 6]
+
+
 def test_ctrl_c_during_the_quickstart_says_how_to_resume_and_the_rerun_resumes(tmp_path, capsys, monkeypatch):
     from agentboost.cli.main import main
     from agentboost.train.sft import SFTRun
@@ -511,7 +565,8 @@ def test_with_a_sliding_window_every_demonstration_and_check_episode_is_two_traj
     every call), so the warm start trains on both trajectories of every demonstration and the check still
     recognises a demonstrated episode."""
     from agentboost.batch import episodes_to_batch
-    from agentboost.quickstart import quickstart_agent, warm_start_demos
+    from agentboost.quickstart import quickstart_agent
+    from agentboost.train.demonstration import warm_start_demos
 
     cfg, rows, _, template = tiny
     agent = quickstart_agent(QuickstartConfig(window_size=2))
@@ -538,7 +593,7 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
     Ctrl-C keeps it."""
     import copy
 
-    import agentboost.quickstart as quickstart
+    import agentboost.train.demonstration as demonstration
     from agentboost.quickstart import DemonstrationWarmStart
 
     cfg, rows, model, template = tiny
@@ -575,18 +630,18 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
         DemonstrationWarmStart, "stalled", lambda self, step, *a, restarted: step == 2 and not restarted
     )
     seen: dict[str, object] = {}
-    fresh = quickstart.fresh_weights
+    fresh = demonstration.fresh_weights
 
     def record_fresh(model, *, seed):
         seen["before"] = {k: v.clone() for k, v in model.state_dict().items()}
         fresh(model, seed=seed)
         seen["after"] = {k: v.clone() for k, v in model.state_dict().items()}
 
-    monkeypatch.setattr(quickstart, "fresh_weights", record_fresh)
+    monkeypatch.setattr(demonstration, "fresh_weights", record_fresh)
     small = QuickstartConfig(**{**cfg.__dict__, "warm_start_check_every": 2, "sft_batch": 4,
                                 "warm_start_restart_at": 2})  # fmt: skip
     saves = {"n": 0}
-    original_save = quickstart.SFTCheckpoint.save
+    original_save = demonstration.SFTCheckpoint.save
 
     def interrupted(self, record, *, done, weights=None):
         original_save(self, record, done=done, weights=weights)
@@ -594,11 +649,11 @@ def test_a_warm_start_stalled_on_its_plateau_restarts_once_from_fresh_weights(ti
         if saves["n"] == 2:  # saved at step 4, after the restart at step 2
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
+    monkeypatch.setattr(demonstration.SFTCheckpoint, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
         warm_start(small, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
     assert any(not torch.equal(seen["before"][k], seen["after"][k]) for k in seen["after"])  # new weights
-    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", original_save)
+    monkeypatch.setattr(demonstration.SFTCheckpoint, "save", original_save)
     report = warm_start(small, trainer, rows, steps=6, progress=False, directory=tmp_path / "ws")
     assert report["steps"] == 6  # 2 before the restart, 4 after: the ceiling counts both
     assert [c["step"] for c in report["checks"]] == [2, 4, 6] and report["checks"][0]["restarted"]
@@ -746,7 +801,7 @@ def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights
     (the lower of the check's shares of the two passing thresholds, then their sum), also after a resume."""
     import copy
 
-    import agentboost.quickstart as quickstart
+    import agentboost.train.demonstration as demonstration
     from agentboost.quickstart import DemonstrationWarmStart
     from agentboost.train.warm_start import trained_state
 
@@ -781,7 +836,7 @@ def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights
 
     own, trainer = run("b")
     saves = {"n": 0}
-    original_save = quickstart.SFTCheckpoint.save
+    original_save = demonstration.SFTCheckpoint.save
 
     def interrupted(self, record, *, done, weights=None):
         original_save(self, record, done=done, weights=weights)
@@ -789,11 +844,11 @@ def test_a_warm_start_that_reaches_no_target_hands_grpo_its_best_checked_weights
         if saves["n"] == 3:  # saved at step 6, the best (step 4) kept beside the weights
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
+    monkeypatch.setattr(demonstration.SFTCheckpoint, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
         warm_start(run_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "b" / "ws")
     best_at_4 = seen[4]
-    monkeypatch.setattr(quickstart.SFTCheckpoint, "save", original_save)
+    monkeypatch.setattr(demonstration.SFTCheckpoint, "save", original_save)
     seen.clear()
     seen.update({2: {}, 4: {}, 6: {}})  # the next measure is the 4th check (step 8)
     report = warm_start(run_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "b" / "ws")
@@ -929,7 +984,7 @@ def test_a_warm_start_short_of_its_target_focuses_on_what_the_check_gets_wrong(t
     step (the seeds that pass before are untouched), and a rerun after Ctrl-C keeps the weights."""
     import copy
 
-    import agentboost.quickstart as quickstart
+    import agentboost.train.demonstration as demonstration
     from agentboost.train.forced import CHOICE
 
     cfg, rows, model, template = tiny
@@ -940,7 +995,7 @@ def test_a_warm_start_short_of_its_target_focuses_on_what_the_check_gets_wrong(t
                        progress=False, directory=tmp_path / "p" / "ws")  # fmt: skip
     focused_cfg = QuickstartConfig(**{**base, "warm_start_focus_at": 4})
     saves = {"n": 0}
-    original_save = quickstart.SFTCheckpoint.save
+    original_save = demonstration.SFTCheckpoint.save
 
     def interrupted(self, record, *, done, weights=None):
         original_save(self, record, done=done, weights=weights)
@@ -950,7 +1005,7 @@ def test_a_warm_start_short_of_its_target_focuses_on_what_the_check_gets_wrong(t
 
     trainer = _trainer((cfg, rows, copy.deepcopy(model), template), tmp_path / "f")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(quickstart.SFTCheckpoint, "save", interrupted)
+        patch.setattr(demonstration.SFTCheckpoint, "save", interrupted)
         with pytest.raises(KeyboardInterrupt):
             warm_start(focused_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "f" / "ws")
     focused = warm_start(focused_cfg, trainer, rows, steps=8, progress=False, directory=tmp_path / "f" / "ws")

@@ -161,6 +161,12 @@ def test_the_offline_train_commands_run_as_written(in_workdir, capsys) -> None:
     run_dir = in_workdir / _flag(train, "--run-dir")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["config"]["model"] == "tiny" and (run_dir / "final_model" / "tokenizer.json").is_file()
+    # the held-out evaluations name the policy they evaluated: compare.md's "after" is the trained model
+    models = {
+        tag: json.loads((run_dir / "eval" / tag / "report.json").read_text())["models"] for tag in ("before", "after")
+    }
+    assert models["after"] == [f"hf-local(Qwen2ForCausalLM + 2 GRPO steps in {_flag(train, '--run-dir')}, cpu)"]
+    assert "GRPO steps" not in models["before"][0], models
     report = json.loads((in_workdir / _flag(evaluate, "--out") / "report.json").read_text())
     assert report["tasks"] == 2 and report["infra_errors"] == 0
 

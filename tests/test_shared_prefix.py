@@ -14,9 +14,10 @@ from agentboost.agents.strands_agent import StrandsAgent  # noqa: E402
 from agentboost.batch import episodes_to_batch  # noqa: E402
 from agentboost.chat.template import ChatTemplate  # noqa: E402
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
-from agentboost.quickstart import ENV, QuickstartConfig, _build_model, demo_turns  # noqa: E402
+from agentboost.quickstart import ENV, QuickstartConfig, _build_model  # noqa: E402
 from agentboost.tools.calculator import evaluate  # noqa: E402
 from agentboost.train import logprobs as logprobs_module  # noqa: E402
+from agentboost.train.demonstration import demo_turns  # noqa: E402
 from agentboost.train.logprobs import response_logprobs, shared_prefix_length  # noqa: E402
 from agentboost.train.sft import demonstration_episodes  # noqa: E402
 

@@ -14,7 +14,8 @@ from agentboost.batch import episodes_to_batch  # noqa: E402
 from agentboost.chat.template import ChatTemplate  # noqa: E402
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
 from agentboost.episode import Episode  # noqa: E402
-from agentboost.quickstart import ENV, QuickstartConfig, _build_model, demo_turns, run_quickstart  # noqa: E402
+from agentboost.quickstart import ENV, QuickstartConfig, _build_model, run_quickstart  # noqa: E402
+from agentboost.train.demonstration import demo_turns  # noqa: E402
 from agentboost.train.grpo import group_advantages, policy_loss  # noqa: E402
 from agentboost.train.logprobs import response_logprobs  # noqa: E402
 from agentboost.train.sft import demonstration_episodes, sft  # noqa: E402
@@ -218,4 +219,7 @@ def test_quickstart_smoke(tmp_path) -> None:
     stored = json.loads((run_dir / "summary.json").read_text())
     assert stored["before"] and stored["after"] and "improvement" in stored
     assert summary["timings"]["total_s"] > 0
-    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 3
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["warm_start/step"] for row in logged if "warm_start/step" in row] == list(range(1, 21))
+    assert [row["step"] for row in logged if "step" in row] == [1, 2]  # GRPO's rows after the warm start's
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 20 + 2

@@ -71,7 +71,11 @@ def test_a_custom_env_is_distilled_trained_exported_reloaded_and_evaluated(tmp_p
     assert sources["dropped"] == {"held-out task": 2}  # one of the ten rows is held out: never trained on
     assert summary["warm_start"]["final_loss"] < summary["warm_start"]["first_loss"]
     assert "eval/pass@2" in summary["after"] and (run_dir / "eval" / "after" / "report.json").is_file()
-    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 3
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    warm = [row["warm_start/step"] for row in logged if "warm_start/step" in row]  # the SFT loss per step first
+    assert warm == list(range(1, summary["warm_start"]["steps"] + 1))
+    assert [row["step"] for row in logged if "step" in row] == [1, 2]
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + len(logged)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*")), "TensorBoard beside W&B"
     if importlib.util.find_spec("wandb") is not None:
         assert list(run_dir.glob("wandb/offline-run-*")), "W&B offline unless configured"
@@ -301,3 +305,37 @@ def test_init_model_writes_a_model_of_the_rows_that_train_takes(tmp_path, rows_f
     prompt = letter_env.rows()[0]["prompt"]
     assert len(tokenizer(prompt)["input_ids"]) < len(prompt.encode()) / 2, "a vocabulary of the rows' own text"
     assert "<tool_call>" in tokenizer.chat_template
+
+
+def test_a_disk_full_at_the_final_model_keeps_the_checkpoint_and_no_half_written_model(
+    tmp_path, model_dir, rows_file, capsys, monkeypatch
+) -> None:
+    """Issue 40: a full disk during train said "unexpected pos ...; rerun the same command to resume", glued to
+    the progress bar, and left checkpoint.tmp/ and an empty error.log. Here the disk fills while the final model
+    is written: exit 3 naming ENOSPC, the checkpoint kept (the rerun resumes it), no final_model/ at all."""
+    import errno
+
+    from transformers import PreTrainedModel
+
+    real_save = PreTrainedModel.save_pretrained
+
+    def save(self, directory, *args, **kwargs):
+        if Path(directory).name.startswith("final_model"):
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            (Path(directory) / "model.safetensors").write_bytes(b"\0" * 64)  # the part that fitted
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(self, directory, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", save)
+    run_dir = tmp_path / "run"
+    argv = ["train", "--data", str(rows_file), "--env", ENV, "--model", str(model_dir), "--steps", "1", *SMALL,
+            "--save-every", "1", "--no-wandb", "--run-dir", str(run_dir)]  # fmt: skip
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"no space left on the device holding {run_dir} (ENOSPC" in err and "to resume" in err, err
+    left = sorted(p.name for p in run_dir.iterdir())
+    assert "checkpoint" in left and not {"final_model", "final_model.tmp", "checkpoint.tmp"} & set(left), left
+    assert (run_dir / "error.log").read_text().strip(), "the traceback, not an empty file"
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", real_save)
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]  # space again: the rerun resumes and finishes
+    assert (run_dir / "final_model" / "model.safetensors").is_file()

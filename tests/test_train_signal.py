@@ -13,8 +13,9 @@ from agentboost.agents.strands_agent import StrandsAgent  # noqa: E402
 from agentboost.batch import episodes_to_batch  # noqa: E402
 from agentboost.chat.template import ChatTemplate  # noqa: E402
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks  # noqa: E402
-from agentboost.quickstart import ENV, QuickstartConfig, _build_model, demo_turns  # noqa: E402
+from agentboost.quickstart import ENV, QuickstartConfig, _build_model  # noqa: E402
 from agentboost.train import trainer as trainer_module  # noqa: E402
+from agentboost.train.demonstration import demo_turns  # noqa: E402
 from agentboost.train.grpo import policy_loss  # noqa: E402
 from agentboost.train.logprobs import response_logprobs  # noqa: E402
 from agentboost.train.sft import demonstration_episodes  # noqa: E402

@@ -240,3 +240,30 @@ def test_rllm_validation_logs_a_table_at_the_validation_step(qwen25_tokenizer, t
     assert (key, step) == ("val/strands/trajectories", 5) and table.columns == TABLE_COLUMNS
     assert sorted(row["termination"] for row in as_dicts(table.data)) == [
         "completed", "completed", "infra_error", "infra_error"]  # fmt: skip
+
+
+def test_warm_start_rows_come_first_in_wandb_and_each_phase_has_its_own_axis(tmp_path, monkeypatch) -> None:
+    """Issue 40: the warm start logs a row per step to the run's metrics; W&B's step counts on across both
+    phases (a W&B run refuses a step lower than the last), each phase's metrics charted against its own step."""
+    from agentboost.train.metrics import MetricsLogger
+
+    class DefiningRun(FakeRun):
+        def __init__(self) -> None:
+            super().__init__()
+            self.axes: dict[str, str | None] = {}
+
+        def define_metric(self, name: str, step_metric: str | None = None) -> None:
+            self.axes[name] = step_metric
+
+    run = DefiningRun()
+    monkeypatch.setitem(sys.modules, "wandb", fake_wandb(run))
+    log = MetricsLogger(tmp_path, project="agentboost-test", wandb_mode="offline")
+    for step in (1, 2, 3):
+        log.log_warm_start({"warm_start/step": step, "warm_start/loss": 1.0 / step})
+    log.log({"step": 1, "reward_mean": 0.5})
+    log.log({"step": 2, "reward_mean": 0.75})
+    log.close()
+    assert [step for _, step in run.logged] == [1, 2, 3, 4, 5]
+    assert run.axes["warm_start/loss"] == "warm_start/step" and run.axes["reward_mean"] == "step"
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines[0] == "warm_start/step,warm_start/loss,step,reward_mean" and len(lines) == 6

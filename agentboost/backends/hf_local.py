@@ -100,9 +100,13 @@ class HFLocalBackend:
         self.tokens_generated = 0
         self.shares_prefix: bool | None = None
         """Whether batches prefill their common prefix once (None until a batch could; checked then)."""
+        self.policy: str | None = None
+        """What the weights are now, when they are not the loaded model's (a trainer's policy at its step):
+        what the episodes' ``backend`` says, so an evaluation of trained weights is not labelled with the
+        directory they were loaded from."""
 
     def describe(self) -> str:
-        name = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
+        name = self.policy or getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
         return f"hf-local({name}, {self.device})"
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
@@ -126,16 +128,21 @@ def preflight(options: TrainOptions) -> None:
 
 
 def execute(plan: Any, *, command: str) -> int:
-    """Run ``plan``. What fails once it runs, after every input was checked, is infrastructure (exit 3,
-    one line; the traceback goes to ``<run_dir>/error.log``, the run directory is kept: a rerun resumes);
-    Ctrl-C exits 130 and says how to resume."""
-    from ..quickstart import format_summary
-    from ..train.run import format_run_summary, run_training
+    """Run ``plan``. What fails once it runs, after every input was checked, is infrastructure (exit 3, one
+    line naming the cause: a step with nothing to train on, no signal for too long, a full disk, ...). What
+    a rerun can resume (a GRPO checkpoint, a warm start's save) is kept and the line says so; otherwise
+    what this run wrote is removed. Ctrl-C exits 130 and says how to resume."""
+    from ..train.run import has_checkpoint, run_training
+    from ..train.trainer import TrainingStopped
 
+    run_dir = Path(plan.run_dir)
+    outputs = contract.Outputs(run_dir)
     try:
         summary = run_training(plan)
     except KeyboardInterrupt:
-        sys.stderr.write(f"\nagentboost {command}: interrupted; run the same command again to resume {plan.run_dir}\n")
+        then = (f"run the same command again to resume {run_dir}" if has_checkpoint(run_dir) else
+                "nothing to resume from was saved yet: the same command starts again")  # fmt: skip
+        sys.stderr.write(f"\nagentboost {command}: interrupted; {then}\n")
         return contract.EXIT_INTERRUPTED
     except contract.ContractError:
         raise
@@ -143,18 +150,41 @@ def execute(plan: Any, *, command: str) -> int:
         extra = contract.missing_extra(exc, f"agentboost {command}")
         if extra is not None:
             raise extra from exc
-        log = Path(plan.run_dir) / "error.log"
-        where = ""
-        with contextlib.suppress(OSError):
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text(traceback.format_exc())
-            where = f"; traceback in {log}"
-        raise contract.InfraFailure(
-            f"the run failed: {contract.describe(exc)}{where}; rerun the same command to resume from the last "
-            "checkpoint"
-        ) from exc
-    if command == "quickstart":
-        sys.stdout.write(format_summary(summary) + "\n")
-    else:
-        sys.stdout.write(format_run_summary(summary, title=f"{plan.title} (held-out rows)") + "\n")
+        full = contract.disk_full(exc, run_dir)  # looked at before anything is removed
+        for partial in (run_dir / "checkpoint.tmp", run_dir / "warm_start.tmp", run_dir / "final_model.tmp"):
+            shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, TrainingStopped):
+            cause, log = str(exc), None
+        else:
+            cause, log = full or f"the run failed: {contract.describe(exc)}", traceback.format_exc()
+        if has_checkpoint(run_dir):
+            where = _write_log(run_dir / "error.log", log)
+            raise contract.InfraFailure(f"{cause}{where}; fix the cause and rerun the same command to resume "
+                                        f"{run_dir}") from exc  # fmt: skip
+        outputs.discard()
+        where = _write_log(None, log)
+        raise contract.InfraFailure(f"{cause}{where}; nothing could be resumed, so {run_dir} was cleared") from exc
+    from ..train.run import summary_text
+
+    sys.stdout.write(summary_text(plan, summary) + "\n")
     return 0
+
+
+def _write_log(path: Path | None, text: str | None) -> str:
+    """Write a traceback to ``path`` (a temporary file when None: the run directory is going); returns
+    "; traceback in <file>" or "" when there is none or it cannot be written (no empty file is left)."""
+    if text is None:
+        return ""
+    try:
+        if path is None:
+            with tempfile.NamedTemporaryFile("w", prefix="agentboost-error-", suffix=".log", delete=False) as fh:
+                path = Path(fh.name)
+                fh.write(text)
+        else:
+            path.write_text(text)
+    except OSError:
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        return ""
+    return f"; traceback in {path}"

@@ -109,6 +109,9 @@ class TrainOptions:
     """Tokens (rows x longest row) per forward/backward chunk of a minibatch (none: one pass)."""
     save_every: int = 10
     """GRPO steps between checkpoints (a rerun of the same command resumes from the last one)."""
+    max_steps_without_signal: int = 5
+    """Stop (exit 3) after this many GRPO steps in a row in which no group had a reward spread (every episode
+    of each row got the same reward: nothing to learn); the first such step is warned about (0: never stop)."""
     # -- evaluation
     eval_every: int = 10
     """GRPO steps between held-out evaluations (0: only before and after)."""
@@ -156,7 +159,16 @@ class TrainOptions:
         for name in positive:
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("lora_rank", "kl_coef", "eval_every", "save_every", "sft_weight_decay"):
+        if self.group_size == 1:
+            problems.append("--group-size must be >= 2: GRPO compares each episode with the others of its group")
+        for name in (
+            "lora_rank",
+            "kl_coef",
+            "eval_every",
+            "save_every",
+            "sft_weight_decay",
+            "max_steps_without_signal",
+        ):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "sft_lr", "temperature", "episode_timeout"):
@@ -202,7 +214,7 @@ FIELD_GROUPS = {
     **dict.fromkeys(("model", "tokenizer", "lora_rank", "lora_alpha", "device", "dtype"), "the model"),
     **dict.fromkeys(("steps", "prompts_per_step", "group_size", "lr", "kl_coef", "temperature", "max_turns",
                      "max_total_tokens", "max_tokens_per_call", "episode_timeout", "micro_batch_tokens",
-                     "save_every"), "GRPO"),
+                     "save_every", "max_steps_without_signal"), "GRPO"),
     **dict.fromkeys(("eval_every", "eval_n", "eval_temperature", "eval_k", "success_threshold"),
                     "held-out evaluation"),
     **dict.fromkeys(("sft_data", "sft_steps", "sft_lr", "sft_batch", "sft_weight_decay"),
@@ -340,6 +352,7 @@ def train_plan(options: TrainOptions) -> RunPlan:
         sampling=SamplingParams(temperature=options.temperature, max_tokens_per_call=options.max_tokens_per_call),
         eval_sampling=SamplingParams(temperature=eval_temperature, max_tokens_per_call=options.max_tokens_per_call),
         budget=budget, micro_batch_tokens=options.micro_batch_tokens, wandb_project=options.wandb_project,
+        max_steps_without_signal=options.max_steps_without_signal,
         wandb_mode=options.wandb_mode, tensorboard=options.tensorboard, eval_n=options.eval_n,
         eval_ks=tuple(options.eval_k), train_aux_calls=options.train_aux_calls,
     )  # fmt: skip

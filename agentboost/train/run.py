@@ -4,18 +4,22 @@ A run is a :class:`RunPlan` (rows, environment, agent, how the model is built, t
 optional :class:`~agentboost.train.warm_start.WarmStart`); :func:`run_training` is the one loop both
 commands go through. In ``plan.run_dir``:
 
-1. the model is built (``plan.build_model``) and recorded for ``agentboost export``: ``run.json`` (the
-   options and where the model came from: a local directory, LoRA settings, dtype) and ``model_init/``
-   (its config, generation config and tokenizer with the chat template);
-2. the warm start, if any, resumable from ``warm_start/`` (a rerun after Ctrl-C continues from its last
-   save; a finished one is not run again);
-3. held-out evaluation before GRPO (``eval/before/``: the evaluator's report with pass@k, and the
+1. the model is built (``plan.build_model``) and the first GRPO step's episodes are played, before the long
+   work: every one failed or masked (a reward that raises or is not a number, an agent factory that raises,
+   rows that overflow the context) stops the run (:class:`~agentboost.train.trainer.TrainingStopped`), as a
+   step with nothing to train on, or too many steps in a row without a reward spread, do later;
+2. the model is recorded for ``agentboost export``: ``run.json`` (the options and where the model came from:
+   a local directory, LoRA settings, dtype) and ``model_init/`` (its config, generation config and
+   tokenizer with the chat template);
+3. the warm start, if any, resumable from ``warm_start/`` (a rerun after Ctrl-C continues where it was; a
+   finished one is not run again), its loss and checks per step in the run's metrics;
+4. held-out evaluation before GRPO (``eval/before/``: the evaluator's report with pass@k, and the
    episodes, readable with ``agentboost view`` and comparable with ``agentboost eval --compare``);
-4. GRPO (:class:`~agentboost.train.trainer.GRPOTrainer`; ``checkpoint/`` every ``save_every`` steps,
+5. GRPO (:class:`~agentboost.train.trainer.GRPOTrainer`; ``checkpoint/`` every ``save_every`` steps,
    metrics in ``metrics.csv`` / ``metrics.jsonl``, W&B, TensorBoard; held-out evaluation every
    ``eval_every`` steps);
-5. held-out evaluation after (``eval/after/``), ``final_model/`` (the whole model, or the LoRA adapter:
-   ``agentboost export`` merges it), ``curves.png`` and ``summary.json``.
+6. held-out evaluation after (``eval/after/``), ``final_model/`` (the whole model, or the LoRA adapter:
+   ``agentboost export`` merges it; written whole or not at all), ``curves.png`` and ``summary.json``.
 
 Rerunning the same command resumes: from the last GRPO checkpoint, else from the warm start's last save.
 A run directory holding a checkpoint made with other model, tokenizer or task settings is refused
@@ -24,10 +28,14 @@ A run directory holding a checkpoint made with other model, tokenizer or task se
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import math
 import random
+import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +44,10 @@ from typing import Any
 from .. import __version__
 from ..agents.strands_agent import StrandsAgent
 from ..chat.template import ChatTemplate
+from ..types import Termination
 from .metrics import plot_curves
 from .progress import phase_bar
-from .trainer import GRPOTrainer, TrainConfig
+from .trainer import GRPOTrainer, TrainConfig, TrainingStopped
 from .warm_start import WarmStart
 
 logger = logging.getLogger(__name__)
@@ -77,6 +86,10 @@ class RunPlan:
     check_resumable: Callable[[Path], None] | None = None
     seed: int = 0
     summary_extra: dict[str, Any] = field(default_factory=dict)
+    summary_title: str | None = None
+    """The title of the end-of-run table (:func:`summary_text`; default: the title, on held-out rows)."""
+    before_label: str = "before GRPO"
+    """What the "before" column of the end-of-run table measured (the quickstart's: after the warm start)."""
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -134,7 +147,6 @@ def run_training(plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
 
     with logging_redirect_tqdm():
         model, tokenizer = plan.build_model()
-        record_model(plan, model, tokenizer)
         template = ChatTemplate(tokenizer)
         trainer = GRPOTrainer(
             model, template, plan.train_rows, eval_rows=plan.eval_rows, env=plan.env, env_args=plan.env_args,
@@ -142,44 +154,60 @@ def run_training(plan: RunPlan, *, progress: bool = True) -> dict[str, Any]:
         )  # fmt: skip
         timings["setup_s"] = timings.get("setup_s", 0.0) + time.monotonic() - session
         resumed = trainer.load_checkpoint()
-        warm: dict[str, Any] = dict(previous.get("warm_start", {}))
-        if resumed:
-            before = dict(previous.get("before", {}))
-            logger.info("resuming GRPO at step %d (warm start already done)", trainer.step)
-        else:
-            if plan.warm_start is not None:
+        if not resumed:  # before the long work: a reward that raises, rows that overflow, ... (TrainingStopped)
+            trainer.check_first_step(keep=plan.warm_start is None)
+        record_model(plan, model, tokenizer)
+        log = trainer.open_log()
+        try:
+            warm: dict[str, Any] = dict(previous.get("warm_start", {}))
+            if resumed:
+                trainer.warm_start_steps = int(warm.get("steps") or 0)
+                before = dict(previous.get("before", {}))
+                logger.info("resuming GRPO at step %d (warm start already done)", trainer.step)
+            else:
+                if plan.warm_start is not None:
+                    t = time.monotonic()
+                    # a warm start written before warm starts logged per step takes no log
+                    logs = {"log": log} if "log" in inspect.signature(plan.warm_start.run).parameters else {}
+                    warm = plan.warm_start.run(trainer, run_dir / WARM_START, progress=progress, **logs)
+                    trainer.warm_start_steps = int(warm.get("steps") or 0)
+                    trainer.optimizer.take_weights()  # GRPO's optimizer was made before: its masters are the old ones
+                    timings["sft_s"] = float(warm.get("seconds", time.monotonic() - t))
                 t = time.monotonic()
-                warm = plan.warm_start.run(trainer, run_dir / WARM_START, progress=progress)
-                trainer.optimizer.take_weights()  # GRPO's optimizer was made before: its masters are the old weights
-                timings["sft_s"] = float(warm.get("seconds", time.monotonic() - t))
-            t = time.monotonic()
-            before = evaluate(trainer, plan, "before", progress=progress)
-            timings["eval_before_s"] = time.monotonic() - t
-            _write(run_dir / SUMMARY, {"config": plan.config, "before": before, "warm_start": warm,
-                                       "timings": timings, **plan.summary_extra})  # fmt: skip
+                before = evaluate(trainer, plan, "before", progress=progress)
+                timings["eval_before_s"] = time.monotonic() - t
+                _write(run_dir / SUMMARY, {"config": plan.config, "before": before, "warm_start": warm,
+                                           "timings": timings, **plan.summary_extra})  # fmt: skip
 
-        t = time.monotonic()
-        history = trainer.fit(resume=False, progress=progress)
-        timings["grpo_s"] = timings.get("grpo_s", 0.0) + time.monotonic() - t
-        t = time.monotonic()
-        last = history[-1] if history else {}
-        if trainer.last_eval_episodes and "eval/success_rate" in last and last.get("step") == trainer.step:
-            after = {k: v for k, v in last.items() if k.startswith("eval/")}  # evaluated at the last step already
-            write_eval(trainer, plan, "after")
-        else:
-            after = evaluate(trainer, plan, "after", progress=progress)
-        timings["eval_after_s"] = time.monotonic() - t
+            t = time.monotonic()
+            history = trainer.fit(resume=False, progress=progress, log=log)
+            timings["grpo_s"] = timings.get("grpo_s", 0.0) + time.monotonic() - t
+            t = time.monotonic()
+            last = history[-1] if history else {}
+            if trainer.last_eval_episodes and "eval/success_rate" in last and last.get("step") == trainer.step:
+                after = {k: v for k, v in last.items() if k.startswith("eval/")}  # evaluated at the last step already
+                write_eval(trainer, plan, "after")
+            else:
+                after = evaluate(trainer, plan, "after", progress=progress)
+            timings["eval_after_s"] = time.monotonic() - t
+            warm_rows = log.warm_start_rows()
+        finally:
+            log.close()
 
     final = run_dir / FINAL_MODEL
-    model.save_pretrained(str(final))
-    tokenizer.save_pretrained(str(final))
+    partial = final.with_name(final.name + ".tmp")  # a final_model/ is whole or absent (a full disk, a kill)
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(str(partial))
+    tokenizer.save_pretrained(str(partial))
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
     phases = ("setup_s", "sft_s", "eval_before_s", "grpo_s", "eval_after_s")
     timings["total_s"] = sum(timings.get(k, 0.0) for k in phases)
     points = {}
     if before:
         points["held-out success before GRPO"] = (0, before.get("eval/success_rate", 0.0))
     points["held-out success after GRPO"] = (len(history), after.get("eval/success_rate", 0.0))
-    plot = plot_curves(history, run_dir / "curves.png", title=plan.title, extra_points=points)
+    plot = plot_curves(history, run_dir / "curves.png", title=plan.title, extra_points=points, warm_start=warm_rows)
     reports = {tag: str(run_dir / EVAL / tag / "report.md") for tag in ("before", "after")}
     reports = {tag: path for tag, path in reports.items() if Path(path).is_file()}
     summary = {
@@ -207,7 +235,7 @@ def format_run_summary(
     before, after = summary["before"], summary["after"]
 
     def row(name: str, key: str) -> str:
-        return f"| {name} | {before.get(key, float('nan')):.3f} | {after.get(key, float('nan')):.3f} |"
+        return f"| {name} | {_cell(before.get(key))} | {_cell(after.get(key))} |"
 
     passes = sorted((k for k in after if k.startswith("eval/pass@")), key=lambda k: int(k.rsplit("@", 1)[1]))
     t = summary["timings"]
@@ -237,6 +265,20 @@ def format_run_summary(
     return "\n".join(lines)
 
 
+def _cell(value: float | None) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+
+
+def summary_text(plan: RunPlan, summary: dict[str, Any]) -> str:
+    """The end-of-run table of ``plan``'s run (what the CLI prints), with the warm start's line when it has
+    one (its ``summary_line(record)``)."""
+    line = getattr(plan.warm_start, "summary_line", None)
+    return format_run_summary(
+        summary, title=plan.summary_title or f"{plan.title} (held-out rows)", before_label=plan.before_label,
+        warm_line=line(summary.get("warm_start") or {}) if callable(line) else None,
+    )  # fmt: skip
+
+
 def evaluate(trainer: GRPOTrainer, plan: RunPlan, tag: str, *, progress: bool) -> dict[str, float]:
     """Held-out evaluation (``eval_n`` samples per row) with its own progress display; the evaluator's
     report and the episodes go to ``eval/<tag>/``."""
@@ -248,6 +290,12 @@ def evaluate(trainer: GRPOTrainer, plan: RunPlan, tag: str, *, progress: bool) -
         metrics = trainer.evaluate(tag=tag, on_episode=lambda _episode: bar.update(1))
     finally:
         bar.close()
+    episodes = trainer.last_eval_episodes
+    if episodes and all(e.termination is Termination.INFRA_ERROR for e in episodes):  # as agentboost eval stops
+        detail = Counter(e.termination_detail for e in episodes).most_common(1)[0][0]
+        raise TrainingStopped(
+            f"held-out evaluation ({tag}): all {len(episodes)} episodes ended in infra_error: {detail}"
+        )
     write_eval(trainer, plan, tag)
     return metrics
 

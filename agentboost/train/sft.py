@@ -9,6 +9,7 @@ SFT then maximises the log-likelihood of the model tokens (mask 1) of those epis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import random
@@ -23,6 +24,7 @@ from ..episode import Episode
 from ..rollout import RolloutSettings, run_episode
 from ..types import SamplingParams
 from ..utils.gc_pause import collection_deferred
+from ..utils.interrupts import held_interrupts
 from ..utils.refs import resolve
 from .logprobs import response_logprobs
 from .optim import MasterWeightAdamW
@@ -113,6 +115,8 @@ class SFTRun:
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, factor)
         self.losses: list[float] = []
+        self.last_lr = 0.0
+        """The learning rate of the last step."""
         self.focus: dict[int, float] = {}
         """Loss weight per class of model token (:func:`agentboost.train.forced.response_classes`); others 1."""
         self._classes: dict[int, list[list[int | None]]] = {}
@@ -154,6 +158,7 @@ class SFTRun:
             loss = -(logprobs * weighted).sum() / weighted.sum().clamp(min=1.0)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.last_lr = float(self.optimizer.optimizer.param_groups[0]["lr"])
         if math.isfinite(self.optimizer.clip_grad_norm_(1.0)):
             self.optimizer.step()
         self.scheduler.step()
@@ -186,25 +191,35 @@ class SFTRun:
         check_every: int = 100,
         after_check: Callable[[int, bool], None] | None = None,
         on_step: Callable[[int, float], None] | None = None,
+        on_interrupt: Callable[[int], None] | None = None,
     ) -> list[float]:
         """Steps up to ``steps`` (from wherever this run stands). Every ``check_every`` steps before the
         last, ``until(step)`` (model in eval mode; True ends the run) and then ``after_check(step, stop)``
-        are called (either may be None: with ``after_check`` alone, it is a periodic save)."""
-        while self.step < self.steps:
-            loss = self.train_step()
-            done = self.step
-            if on_step is not None:
-                on_step(done, loss)
-            if done % check_every == 0 and done < self.steps and (until is not None or after_check is not None):
-                stop = False
-                if until is not None:
+        are called (either may be None: with ``after_check`` alone, it is a periodic save). With
+        ``on_interrupt`` (a save), Ctrl-C ends the step in hand, calls it and raises ``KeyboardInterrupt``:
+        a warm start interrupted before its first check resumes where it was (a second Ctrl-C: at once)."""
+        holding = held_interrupts() if on_interrupt is not None else contextlib.nullcontext(lambda: False)
+        with holding as interrupted:
+            while self.step < self.steps:
+                loss = self.train_step()
+                done = self.step
+                if on_step is not None:
+                    on_step(done, loss)
+                if done % check_every == 0 and done < self.steps and (until is not None or after_check is not None):
+                    stop = False
+                    if until is not None:
+                        self.model.eval()
+                        stop = bool(until(done))
+                        self.model.train()
+                    if after_check is not None:
+                        after_check(done, stop)
+                    if stop:
+                        break
+                if interrupted():
                     self.model.eval()
-                    stop = bool(until(done))
-                    self.model.train()
-                if after_check is not None:
-                    after_check(done, stop)
-                if stop:
-                    break
+                    assert on_interrupt is not None
+                    on_interrupt(done)
+                    raise KeyboardInterrupt
         self.model.eval()
         return self.losses
 

@@ -9,7 +9,10 @@ log-probs at the sampling temperature, optional KL to a frozen reference (the po
 i.e. after any warm start), gradient clipping; a step with a non-finite gradient norm is skipped and
 counted. Low-precision (bf16/fp16) weights are trained through fp32 master copies. Checkpoints every
 ``save_every`` steps (model, optimizer with its masters, KL reference); ``resume=True`` continues from
-the last one.
+the last one. A step whose every episode failed or was masked (nothing to train on), or
+``max_steps_without_signal`` steps in a row in which no group had a reward spread (nothing to learn: the
+first one is warned about), stop the run with :class:`TrainingStopped` naming the cause;
+:meth:`GRPOTrainer.check_first_step` plays the first step's episodes before a run's long work.
 
 Multi-GPU and multi-node training is rLLM/veRL's job; this trainer is for a laptop, a single GPU,
 debugging an environment and reward on a small model before a large run, and the quickstart.
@@ -82,6 +85,10 @@ class TrainConfig:
     padding of the longest. None: the whole minibatch in one pass."""
     logprob_gap_alarm: float | None = 0.5
     """Stop when the mean |rollout - trainer| logprob gap on loss tokens exceeds this (stale rollouts)."""
+    max_steps_without_signal: int = 5
+    """Stop (:class:`TrainingStopped`) after this many steps in a row in which no group had a reward spread:
+    every episode of each task got the same reward, so the policy gradient is zero and the step changes
+    nothing (0: never stop). The first such step of a streak is warned about."""
     wandb_project: str | None = "agentboost"
     wandb_mode: str | None = None
     """W&B mode: offline, online or disabled (default: $WANDB_MODE, else online with $WANDB_API_KEY, else offline)."""
@@ -93,6 +100,15 @@ class TrainConfig:
     """pass@k reported for these k (default: 1, 2, 4, ... up to eval_n)."""
 
     def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(
+                f"group_size must be >= 2, got {self.group_size}: GRPO's advantage is an episode's reward against "
+                "the others of its group, so a group of one never has a signal"
+            )
+        if self.max_steps_without_signal < 0:
+            raise ValueError(
+                f"max_steps_without_signal must be >= 0 (0: never stop), got {self.max_steps_without_signal}"
+            )
         if self.sampling.temperature <= 0:
             raise ValueError(
                 "training rollouts need a sampling temperature > 0: greedy samples of a prompt are all alike "
@@ -125,6 +141,23 @@ class TrainConfig:
 
 class StaleRolloutError(RuntimeError):
     """Rollout log-probabilities disagree with the trainer's: rollouts did not come from the policy."""
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot go on, its message names why: every episode of a step failed or was masked (no token to
+    train on), no step had a trainable signal for ``max_steps_without_signal`` steps in a row, or every
+    held-out episode failed."""
+
+
+def unusable(episodes: list[Episode], what: str) -> str | None:
+    """Why ``episodes`` give nothing to train on (every one masked: ``infra_error``, ``context_overflow``, ...),
+    naming the most common cause; None when some can be trained on."""
+    if not episodes or any(not e.masked for e in episodes):
+        return None
+    ends = Counter(e.termination.value for e in episodes)
+    detail = Counter(e.termination_detail for e in episodes).most_common(1)[0][0]
+    how = ", ".join(f"{n} {end}" for end, n in ends.most_common())
+    return f"{what}: all {len(episodes)} episodes ended masked ({how}), so there is nothing to train on: {detail}"
 
 
 class GRPOTrainer:
@@ -184,6 +217,12 @@ class GRPOTrainer:
         self._order: list[int] = []
         self._cursor = 0
         self._rng = random.Random(self.config.seed)
+        self._first_step: list[Episode] | None = None
+        """Step 1's episodes when :meth:`check_first_step` played them (the policy has not changed since)."""
+        self.steps_without_signal = 0
+        """Steps in a row, up to the last, in which no group had a reward spread."""
+        self.warm_start_steps = 0
+        """Steps a warm start trained the policy before GRPO (set by the run; part of :meth:`policy_name`)."""
 
     # -- rollouts -------------------------------------------------------------------------------
     def rollout(
@@ -198,6 +237,7 @@ class GRPOTrainer:
         """``n`` episodes of every row from the live policy (``on_episode`` is called as each finishes)."""
         settings = RolloutSettings(sampling=sampling, budget=self.config.budget,
                                    train_aux_calls=self.config.train_aux_calls)  # fmt: skip
+        self.backend.policy = self.policy_name()
 
         async def one(row: dict[str, Any], i: int, k: int) -> Episode:
             env = self.env_cls.from_dict({**row, **self.env_args})
@@ -223,6 +263,16 @@ class GRPOTrainer:
 
         return asyncio.run(everything())
 
+    def policy_name(self) -> str | None:
+        """What the policy is now, when training changed it (the episodes' ``backend``): the model it was
+        loaded from and the steps since, e.g. ``models/Qwen + 200 warm-start steps + 20 GRPO steps in
+        runs/x``; None before any."""
+        trained = [f"{n} {what} steps" for n, what in ((self.warm_start_steps, "warm-start"), (self.step, "GRPO")) if n]
+        if not trained:
+            return None
+        base = getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__
+        return f"{base} + {' + '.join(trained)} in {self.run_dir}"
+
     def _next_rows(self) -> list[dict[str, Any]]:
         rows = []
         for _ in range(self.config.prompts_per_step):
@@ -233,6 +283,26 @@ class GRPOTrainer:
             rows.append(self.train_rows[self._order[self._cursor]])
             self._cursor += 1
         return rows
+
+    def check_first_step(self, *, keep: bool) -> None:
+        """Play the first GRPO step's rows now, before the long work (a warm start, held-out evaluation):
+        raises :class:`TrainingStopped` when every episode fails or is masked (a reward that raises or is not
+        a number, an agent factory that raises, rows that overflow the context). ``keep``: the policy will
+        not change before step 1 (no warm start), so these are step 1's groups, played once; otherwise one
+        episode per row, and step 1 draws the same rows again."""
+        cfg = self.config
+        state = (list(self._order), self._cursor, self._rng.getstate())
+        rows = self._next_rows()
+        if keep:
+            episodes = self.rollout(rows, n=cfg.group_size, sampling=cfg.sampling, tag=f"s{self.step}")
+            self._first_step = episodes
+        else:
+            self._order, self._cursor = state[0], state[1]
+            self._rng.setstate(state[2])
+            episodes = self.rollout(rows, n=1, sampling=cfg.sampling, tag="first-step-check")
+        failure = unusable(episodes, "the first GRPO step's episodes")
+        if failure is not None:
+            raise TrainingStopped(failure)
 
     # -- one update ------------------------------------------------------------------------------
     def update(self, episodes: list[Episode]) -> dict[str, float]:
@@ -361,27 +431,44 @@ class GRPOTrainer:
         return metrics
 
     # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, *, resume: bool = True, progress: bool = True, desc: str = "GRPO") -> list[dict[str, Any]]:
+    def open_log(self) -> MetricsLogger:
+        """The run's metrics (CSV, W&B, TensorBoard), from this trainer's step (later rows are dropped)."""
+        cfg = self.config
+        return MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict(), wandb_mode=cfg.wandb_mode,
+                             tensorboard=cfg.tensorboard, resume_step=self.step)  # fmt: skip
+
+    def fit(
+        self, *, resume: bool = True, progress: bool = True, desc: str = "GRPO", log: MetricsLogger | None = None
+    ) -> list[dict[str, Any]]:
+        """GRPO to ``config.steps`` (from the last checkpoint with ``resume``). ``log``: the run's metrics,
+        opened by the caller (who closes it; a warm start logged to it first), else opened and closed here."""
         cfg = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if resume:
             self.load_checkpoint()
         if cfg.kl_coef > 0:
             self.ensure_reference()
-        log = MetricsLogger(self.run_dir, project=cfg.wandb_project, config=cfg.to_dict(), wandb_mode=cfg.wandb_mode,
-                            tensorboard=cfg.tensorboard, resume_step=self.step)  # fmt: skip
+        owned = log is None
+        log = self.open_log() if log is None else log
+        bar = phase_bar(desc, cfg.steps, unit="step", progress=progress, initial=self.step)
         try:
-            bar = phase_bar(desc, cfg.steps, unit="step", progress=progress, initial=self.step)
             while self.step < cfg.steps:
                 started = time.monotonic()
-                rows = self._next_rows()
-                episodes = self.rollout(rows, n=cfg.group_size, sampling=cfg.sampling, tag=f"s{self.step}")
+                if self._first_step is not None and self.step == 0:
+                    episodes, self._first_step = self._first_step, None
+                else:
+                    rows = self._next_rows()
+                    episodes = self.rollout(rows, n=cfg.group_size, sampling=cfg.sampling, tag=f"s{self.step}")
+                failure = unusable(episodes, f"GRPO step {self.step + 1}")
+                if failure is not None:
+                    raise TrainingStopped(failure)
                 rollout_s = time.monotonic() - started
                 metrics = {"step": self.step + 1, **episode_metrics(episodes)}
                 metrics.update(self.update(episodes))
                 metrics["rollout_s"] = rollout_s
                 metrics["step_s"] = time.monotonic() - started
                 self.step += 1
+                stop = self._count_signal(metrics, episodes)
                 if cfg.eval_every and self.step % cfg.eval_every == 0:
                     bar.set_postfix_str(f"evaluating {len(self.eval_rows) * cfg.eval_n} held-out episodes")
                     metrics.update(self.evaluate(tag=f"e{self.step}"))
@@ -396,10 +483,38 @@ class GRPOTrainer:
                 bar.set_postfix(postfix)
                 if cfg.save_every and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
                     self.save_checkpoint()
-            bar.close()
+                if stop is not None:
+                    raise TrainingStopped(stop)
         finally:
-            log.close()
+            bar.close()
+            if owned:
+                log.close()
         return self.history
+
+    def _count_signal(self, metrics: dict[str, float], episodes: list[Episode]) -> str | None:
+        """Count the steps in a row without a reward spread in any group (the first of a streak is warned
+        about); the reason to stop once there are ``max_steps_without_signal`` of them, else None."""
+        limit = self.config.max_steps_without_signal
+        if metrics.get("groups_with_signal", 0.0) > 0:
+            if self.steps_without_signal:
+                logger.info("GRPO step %d: a reward spread again, after %d steps without", self.step,
+                            self.steps_without_signal)  # fmt: skip
+            self.steps_without_signal = 0
+            return None
+        self.steps_without_signal += 1
+        rewards = sorted({round(e.reward, 4) for e in episodes if not e.masked})
+        same = (
+            f"every episode got reward {rewards[0]:g}" if len(rewards) == 1 else "each task's episodes got one reward"
+        )
+        cause = f"no group had a reward spread ({same}), so GRPO had nothing to learn"
+        if limit and self.steps_without_signal >= limit:
+            return (f"{self.steps_without_signal} GRPO steps in a row (to step {self.step}): {cause}; check the "
+                    "reward, warm the policy up first (one that never succeeds has no signal) or raise "
+                    "--max-steps-without-signal (0: never stop)")  # fmt: skip
+        if self.steps_without_signal == 1:
+            stop = f"; {limit} such steps in a row stop the run (max_steps_without_signal)" if limit else ""
+            logger.warning("GRPO step %d: %s from this step%s", self.step, cause, stop)
+        return None
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -421,6 +536,7 @@ class GRPOTrainer:
             "cursor": self._cursor,
             "rng": self._rng.getstate(),
             "torch_rng": torch.get_rng_state().tolist(),
+            "steps_without_signal": self.steps_without_signal,
         }
         (tmp / "trainer_state.json").write_text(json.dumps(state))
         if path.exists():
@@ -448,6 +564,7 @@ class GRPOTrainer:
         self.step = int(state["step"])
         self.history = list(state["history"])
         self._order, self._cursor = list(state["order"]), int(state["cursor"])
+        self.steps_without_signal = int(state.get("steps_without_signal", 0))
         rng_state = state["rng"]
         self._rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))

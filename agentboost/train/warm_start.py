@@ -11,7 +11,7 @@ touching the loop. Two ship:
   --sft-data``: successful rollouts and distilled frontier-model episodes,
   :mod:`agentboost.train.sft_data`);
 * the quickstart's demonstrations with a check of the skill they teach, in both answer styles
-  (:class:`agentboost.quickstart.DemonstrationWarmStart`).
+  (:class:`agentboost.train.demonstration.DemonstrationWarmStart`).
 
 Both save through :class:`SFTCheckpoint`: the trained weights, the optimizer with its fp32 masters, the
 batch sampler's and torch's random state, the losses, the caller's own record (checks, seconds) and
@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..episode import Episode
+from .metrics import WARM_START_STEP
 from .progress import phase_bar
 from .sft import SFTRun
 
 if TYPE_CHECKING:
+    from .metrics import MetricsLogger
     from .trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
@@ -43,9 +45,40 @@ STATE = "state.json"
 
 
 class WarmStart(Protocol):
-    def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool) -> dict[str, Any]:
-        """Train ``trainer.model`` before GRPO, resuming from ``directory`` (None: not resumable)."""
+    def run(
+        self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool, log: MetricsLogger | None = None
+    ) -> dict[str, Any]:
+        """Train ``trainer.model`` before GRPO, resuming from ``directory`` (None: not resumable); a row per
+        step to ``log`` (:class:`StepRows`)."""
         ...
+
+
+class StepRows:
+    """A warm start's rows of the run's metrics (``metrics.csv``, TensorBoard, W&B, ``curves.png``): one per
+    step, with its loss and learning rate; a check's results join the row of the step it checked. Rows after
+    ``resumed_step`` (logged before an interruption, the steps are run again) are forgotten."""
+
+    def __init__(self, log: MetricsLogger | None, resumed_step: int) -> None:
+        self.log = log
+        self._row: dict[str, Any] | None = None
+        if log is not None:
+            log.rewind_warm_start(resumed_step)
+
+    def step(self, step: int, **values: float) -> None:
+        self.flush()
+        self._row = {WARM_START_STEP: step, **{f"warm_start/{k}": v for k, v in values.items()}}
+
+    def add(self, step: int, **values: float) -> None:
+        """Results of ``step`` (a check): into its row when that is the one in hand, else a row of their own."""
+        if self._row is None or self._row[WARM_START_STEP] != step:
+            self.flush()
+            self._row = {WARM_START_STEP: step}
+        self._row.update({f"warm_start/{k}": v for k, v in values.items()})
+
+    def flush(self) -> None:
+        if self._row is not None and self.log is not None:
+            self.log.log_warm_start(self._row)
+        self._row = None
 
 
 def trained_state(model: Any, *, device: Any = None) -> dict[str, Any]:
@@ -134,7 +167,17 @@ class EpisodeWarmStart:
     save_every: int = 50
     sources: dict[str, Any] | None = None
 
-    def run(self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool) -> dict[str, Any]:
+    @staticmethod
+    def summary_line(record: dict[str, Any]) -> str:
+        """The run summary's line: steps, episodes, first and final loss."""
+        if not record:
+            return "warm start: none"
+        losses = f"; loss {record['first_loss']:.3f} -> {record['final_loss']:.3f}" if record.get("final_loss") else ""
+        return f"warm start: {record.get('steps', 0)} SFT steps on {record.get('episodes', 0)} episodes{losses}"
+
+    def run(
+        self, trainer: GRPOTrainer, directory: Path | None, *, progress: bool, log: MetricsLogger | None = None
+    ) -> dict[str, Any]:
         started = time.monotonic()
         sft_run = SFTRun(
             trainer.model, self.episodes, pad_token_id=trainer.pad_token_id, steps=self.steps, lr=self.lr,
@@ -158,14 +201,23 @@ class EpisodeWarmStart:
                 "seconds": earlier + time.monotonic() - started,
             }
 
+        rows = StepRows(log, sft_run.step)
+
+        def on_step(step: int, loss: float) -> None:
+            rows.step(step, loss=loss, lr=sft_run.last_lr)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+        def save(_step: int, _stop: bool = False) -> None:
+            if store is not None:
+                store.save(record(), done=False)
+
         bar = phase_bar("warm start (SFT)", self.steps, unit="step", progress=progress, initial=sft_run.step)
         try:
-            sft_run.run(
-                check_every=self.save_every,
-                after_check=(lambda _step, _stop: store.save(record(), done=False)) if store is not None else None,
-                on_step=lambda _step, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}")),
-            )
+            sft_run.run(check_every=self.save_every, after_check=save if store is not None else None,
+                        on_step=on_step, on_interrupt=save if store is not None else None)  # fmt: skip
         finally:
+            rows.flush()
             bar.close()
         result = record()
         if store is not None:

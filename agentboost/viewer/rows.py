@@ -104,9 +104,10 @@ def log_trajectory_table(
     wandb: Any = None,
     run: Any = None,
     max_episodes: int = MAX_EPISODES,
+    wandb_step: int | None = None,
 ) -> bool:
-    """Log a table of sample trajectories under ``key`` at ``step``; ``wandb``/``run`` default to the
-    active run of this process. True when a table was logged."""
+    """Log a table of sample trajectories under ``key`` at ``step`` (at W&B step ``wandb_step``, default
+    ``step``); ``wandb``/``run`` default to the active run of this process. True when a table was logged."""
     if wandb is None or run is None:
         active = active_wandb()
         if active is None:
@@ -118,7 +119,7 @@ def log_trajectory_table(
     try:
         rows = trajectory_rows(episodes, step=step, max_episodes=max_episodes)
         table = wandb.Table(columns=list(TABLE_COLUMNS), data=rows)
-        run.log({key: table}, step=int(step))
+        run.log({key: table}, step=int(step if wandb_step is None else wandb_step))
     except Exception as exc:  # W&B trouble must not end a training run
         logger.warning("could not log the W&B trajectory table %s at step %s: %s: %s",
                        key, step, type(exc).__name__, exc)  # fmt: skip

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from agentboost.agents.strands_agent import StrandsAgent
 from agentboost.environments.arithmetic import SYSTEM_PROMPT, make_tasks
-from agentboost.quickstart import ENV, DemonstrationWarmStart, QuickstartConfig, build_quickstart_model, check_resumable
+from agentboost.quickstart import ENV, QuickstartConfig, build_quickstart_model, check_resumable
+from agentboost.train.demonstration import DemonstrationWarmStart
 from agentboost.train.models import model_record
 from agentboost.train.run import RunPlan, format_run_summary, run_training
 from agentboost.train.trainer import TrainConfig
