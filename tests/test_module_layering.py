@@ -103,3 +103,12 @@ def test_the_provider_backend_and_the_provider_model_do_not_import_each_other_in
     source = Path(__file__).resolve().parents[1] / "agentboost" / "backends" / "provider_model.py"
     imported = {node.module for node in ast.walk(ast.parse(source.read_text())) if isinstance(node, ast.ImportFrom)}
     assert "strands_provider" not in {(m or "").rsplit(".", 1)[-1] for m in imported}  # not even lazily
+
+
+def test_the_training_package_does_not_climb_up_to_the_quickstart() -> None:
+    """Issue 40: ``train/run.py`` and ``cli/train.py`` imported ``agentboost.quickstart`` to format a run's summary;
+    the quickstart's warm start and summary live in ``agentboost.train`` now and the quickstart is a preset on top."""
+    graph = import_graph()
+    training = [name for name in graph if name.startswith(("agentboost.train", "agentboost.cli.train"))]
+    climbing = sorted(name for name in training if "agentboost.quickstart" in graph[name])
+    assert climbing == []
