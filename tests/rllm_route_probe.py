@@ -69,6 +69,7 @@ def rollout_config(model_dir: str) -> Any:
         "actor_rollout_ref.rollout.dtype": "float32",
         "actor_rollout_ref.rollout.prompt_length": PROMPT_LENGTH,
         "actor_rollout_ref.rollout.response_length": RESPONSE_LENGTH,
+        "actor_rollout_ref.rollout.max_model_len": MAX_MODEL_LEN,  # veRL >= 0.7 reads it (else the model's 4096)
         "actor_rollout_ref.rollout.max_num_batched_tokens": 2048,
         "actor_rollout_ref.rollout.max_num_seqs": 16,
         "actor_rollout_ref.rollout.load_format": "auto",

