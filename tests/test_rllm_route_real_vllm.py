@@ -75,6 +75,7 @@ def run_probe(python: str, work: Path, *, adapt: bool) -> dict[str, Any]:
     assert out.is_file(), f"the probe wrote no result (exit {proc.returncode}):\n{tail}"
     result = json.loads(out.read_text())
     assert "failed" not in result, f"{result['failed']['traceback']}\n--- log tail ---\n{tail}"
+    assert "launch_s" in result, f"the server never came up (the probe was stopped):\n{tail}"
     sys.stderr.write(f"real verl server: {result['versions']}, launched in {result['launch_s']} s\n")
     return result
 
