@@ -94,11 +94,11 @@ def vllm_environment(*, threads: int = 1) -> dict[str, str]:
 
 def start_vllm(
     python: str, model_dir: str | Path, log_path: str | Path, *, lora_rank: int = 0, max_model_len: int = 2048,
-    max_num_seqs: int = 64, timeout_s: float = 900.0, threads: int = 1,
+    max_num_seqs: int = 64, timeout_s: float = 900.0, threads: int = 1, port: int | None = None,
 ) -> VLLMServer:  # fmt: skip
     """Start a vLLM server for this rollout (the project's launcher, :class:`VLLMServer`) and wait until it
     answers (startup: 1-4 min on 2 cores); a failed or interrupted start leaves no server behind."""
-    server = VLLMServer(python, model_dir, log_path=log_path, max_model_len=max_model_len,
+    server = VLLMServer(python, model_dir, log_path=log_path, port=port, max_model_len=max_model_len,
                         extra_args=vllm_args(lora_rank=lora_rank, max_num_seqs=max_num_seqs),
                         env=vllm_environment(threads=threads))  # fmt: skip
     return server.start(timeout_s=timeout_s)
@@ -380,13 +380,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-rank", type=int, default=0)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--log", default="vllm-server.log")
+    parser.add_argument("--port", type=int, help="on 127.0.0.1 (default: a free one)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds to wait for the server to answer")
     args = parser.parse_args(argv)
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the server on SIGTERM too (a background job)
     server = start_vllm(args.python, args.model, args.log, lora_rank=args.lora_rank, max_num_seqs=args.max_num_seqs,
-                        timeout_s=args.timeout)  # fmt: skip
+                        timeout_s=args.timeout, port=args.port)  # fmt: skip
     sys.stdout.write(server.url + "\n")
     sys.stdout.flush()
     try:
