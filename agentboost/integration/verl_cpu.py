@@ -40,6 +40,8 @@ import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+from .rollout_options import log_request, rollout_options
+
 logger = logging.getLogger(__name__)
 
 ROLLOUT_NAME = "agentboost_hf"
@@ -47,10 +49,6 @@ ROLLOUT_NAME = "agentboost_hf"
 CHECKPOINT_ENGINE = "agentboost_ray"
 """``actor_rollout_ref.rollout.checkpoint_engine.backend`` of the CPU weight transfer (separate_async)."""
 SERVER_PREFIX = "agentboost_hf_server_"
-CUSTOM_KEY = "agentboost"
-"""The CPU rollouts' options: ``actor_rollout_ref.rollout.custom.agentboost.<option>`` (verl's extension point):
-``request_log`` (a JSONL file, one line per generation call: what was served, with which weights; for audits,
-:mod:`.rollout_audit`) and, for ``agentboost_vllm``, ``vllm_url``."""
 _FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 _REGISTERED: dict[str, bool] = {}
 
@@ -276,21 +274,6 @@ def _register_process_group() -> None:
 
 
 # -- the rollout server -------------------------------------------------------------------------------
-def rollout_options(config: Any) -> dict[str, Any]:
-    """This layer's options in a rollout config (see :data:`CUSTOM_KEY`)."""
-    return dict((getattr(config, "custom", None) or {}).get(CUSTOM_KEY) or {})
-
-
-def log_request(path: str | None, **record: Any) -> None:
-    """Append one generation call to the request log ``path`` (nothing without one)."""
-    if path:
-        import json
-        import time
-
-        with open(path, "a") as out:
-            out.write(json.dumps({**record, "time": time.time()}) + "\n")
-
-
 def _plain_dict(value: Any) -> dict[str, Any]:
     if value is None:
         return {}

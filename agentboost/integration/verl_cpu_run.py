@@ -268,7 +268,8 @@ def _hydra(value: str) -> str:
 
 def build_command(spec: CpuRunSpec, metrics_path: Path, request_log: Path) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of the run: the launch script's command, the CPU layer, the run's sizes."""
-    from .verl_cpu import CHECKPOINT_ENGINE, CUSTOM_KEY, cpu_overrides  # imports verl: only where a run is built
+    from .rollout_options import CUSTOM_KEY
+    from .verl_cpu import CHECKPOINT_ENGINE, cpu_overrides  # imports verl: only where a run is built
 
     work = spec.workdir
     knobs = {

@@ -121,7 +121,7 @@ class VllmRolloutServer:
         import httpx
         from verl.utils.config import omega_conf_to_dataclass
 
-        from .verl_cpu import CUSTOM_KEY, rollout_options
+        from .rollout_options import CUSTOM_KEY, rollout_options
 
         self.config = omega_conf_to_dataclass(config)
         self.replica_rank = replica_rank
@@ -238,7 +238,7 @@ class VllmRolloutServer:
     ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
-        from .verl_cpu import log_request
+        from .rollout_options import log_request
 
         reply = await self.http.post("/v1/completions", json=body)
         # The weights that served it: the ones held now. They change only while vLLM is paused, which aborts what
