@@ -71,15 +71,16 @@ def test_as_an_ordinary_user_a_slow_suite_cannot_keep_another_waiting() -> None:
 
 
 def test_waiting_for_a_slot_is_not_charged_to_a_suites_budget() -> None:
-    """Every slot held for 3 s by another owner's run; a suite with a budget of 2 s still runs (its wait is
-    not its own), and the program's own time limit starts when it does."""
+    """Every slot held for 6 s by another owner's run; a suite with a budget of 4 s still runs (its wait is
+    not its own), and the program's own time limit starts when it does (budgets with room for a loaded
+    machine: a run of the program takes well under a second alone)."""
     box = Sandbox(SandboxConfig(slots=1, wall_s=10, cpu_s=10, memory_mb=256, max_processes=16))
 
     async def scenario() -> tuple[list[str], float]:
-        holder = asyncio.ensure_future(box.run("import time\ntime.sleep(3)", timeout_s=10))
+        holder = asyncio.ensure_future(box.run("import time\ntime.sleep(6)", timeout_s=10))
         await asyncio.sleep(0.3)
         started = time.monotonic()
-        outcomes = await run_test_cases(box, GOOD, [TestCase("2\n", "4\n")], timeout_s=1.5, budget_s=2.0)
+        outcomes = await run_test_cases(box, GOOD, [TestCase("2\n", "4\n")], timeout_s=4.0, budget_s=4.0)
         waited = time.monotonic() - started
         await holder
         return [o.verdict for o in outcomes], waited
@@ -88,7 +89,7 @@ def test_waiting_for_a_slot_is_not_charged_to_a_suites_budget() -> None:
         verdicts, waited = asyncio.run(scenario())
     finally:
         box.close()
-    assert waited > 2.0 and verdicts == [PASSED], (verdicts, waited)
+    assert waited > 4.0 and verdicts == [PASSED], (verdicts, waited)
 
 
 # --- the slots and the clock themselves --------------------------------------------------------------
@@ -161,5 +162,8 @@ def test_as_an_ordinary_user_a_suite_stops_with_a_verdict_when_its_budget_is_spe
         "print(json.dumps({'verdicts': sorted({o.verdict for o in out}), 'took': took}))\n"
     )
     report = as_ordinary_user(script)
-    assert report["verdicts"] == ["suite time limit exceeded", "wrong answer"], report
+    # the tests that ended in time are judged (none may, on a loaded machine: the budget is 3 s); the rest get
+    # the suite's verdict, never a timeout of their own
+    assert "suite time limit exceeded" in report["verdicts"], report
+    assert set(report["verdicts"]) <= {"suite time limit exceeded", "wrong answer"}, report
     assert report["took"] < 8, report
