@@ -176,7 +176,16 @@ async def run_many(
             if asyncio.iscoroutine(maybe):
                 await maybe
 
-    await asyncio.gather(*(one(s) for s in specs))
+    # One failure (``on_done`` raising: a full disk) ends the whole run: the other episodes are cancelled and
+    # awaited here, so none of them reaches ``on_done`` after its caller has cleaned up (a closed file).
+    tasks = [asyncio.ensure_future(one(s)) for s in specs]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     return results
 
 
