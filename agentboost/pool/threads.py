@@ -121,14 +121,16 @@ class ToolThreadPool(concurrent.futures.ThreadPoolExecutor):
 @contextlib.contextmanager
 def loop_tool_threads(loop: Any, max_workers: int | None = None) -> Iterator[ToolThreadPool]:
     """Run ``loop``'s ``to_thread`` work (tools, environment setup) in a :class:`ToolThreadPool`
-    while the block runs; afterwards leave stuck threads behind (named in a warning) and give the
-    loop a fresh default executor, so neither ``asyncio.run`` nor interpreter exit waits for them."""
+    while the block runs; afterwards give work still running (an agent being built for an episode a
+    failure cancelled) the pool's join timeout to end, leave threads stuck past it behind (named in a
+    warning) and give the loop a fresh default executor, so neither ``asyncio.run`` nor interpreter exit
+    waits for them."""
     pool = ToolThreadPool(max_workers, thread_name_prefix="agentboost-tool")
     loop.set_default_executor(pool)
     try:
         yield pool
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
         loop.set_default_executor(ToolThreadPool(max_workers, thread_name_prefix="agentboost-tool"))
 
 

@@ -181,7 +181,10 @@ def _sweep(base: str) -> None:
         try:
             made = os.lstat(path + ".lock").st_mtime
         except FileNotFoundError:  # (a copy left half-made by a process that died: no lock of its own)
-            made = os.lstat(path).st_mtime if name.endswith(".building") and os.path.lexists(path) else now
+            try:
+                made = os.lstat(path).st_mtime if name.endswith(".building") else now
+            except FileNotFoundError:  # (another sandbox's sweep removed it just now)
+                continue
         if now - made < SWEEP_AGE_S or not _ours(path):
             continue
         fd = None
