@@ -40,7 +40,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-from .rollout_options import log_request, rollout_options
+from .rollout_options import log_request, max_new_tokens, rollout_options
 
 logger = logging.getLogger(__name__)
 
@@ -357,21 +357,8 @@ class HFRolloutServer:
         from ..types import SamplingParams
 
         prompt_ids = [int(t) for t in prompt_ids]
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(
-                f"Prompt length ({len(prompt_ids)}) leaves no room to generate within the model's maximum "
-                f"context length ({self.max_model_len}); need at least 1 token of headroom."
-            )
         params = dict(sampling_params)
-        if "max_tokens" in params:
-            max_tokens = int(params.pop("max_tokens"))
-        elif "max_new_tokens" in params:
-            max_tokens = int(params.pop("max_new_tokens"))
-        else:
-            total = self.config.prompt_length + self.config.response_length
-            max_tokens = min(self.config.response_length, total - len(prompt_ids))
-        max_tokens = max(1, min(max_tokens, room))
+        max_tokens = max_new_tokens(params, len(prompt_ids), self.config, self.max_model_len)
         logprobs = bool(params.pop("logprobs", False))
         stops = {int(t) for t in params.get("stop_token_ids") or ()}
         if not params.get("ignore_eos", False):

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..testing.vllm_server import VLLMServer
+from .rollout_options import max_new_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -203,21 +204,8 @@ class VllmRolloutServer:
         if image_data is not None or video_data is not None:
             raise NotImplementedError(f"{ROLLOUT_NAME} rollout: text only")
         prompt_ids = [int(t) for t in prompt_ids]
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(
-                f"Prompt length ({len(prompt_ids)}) leaves no room to generate within the model's maximum "
-                f"context length ({self.max_model_len}); need at least 1 token of headroom."
-            )
         params = dict(sampling_params)
-        if "max_tokens" in params:
-            max_tokens = int(params.pop("max_tokens"))
-        elif "max_new_tokens" in params:
-            max_tokens = int(params.pop("max_new_tokens"))
-        else:
-            total = self.config.prompt_length + self.config.response_length
-            max_tokens = min(self.config.response_length, total - len(prompt_ids))
-        max_tokens = max(1, min(max_tokens, room))
+        max_tokens = max_new_tokens(params, len(prompt_ids), self.config, self.max_model_len)
         logprobs = bool(params.pop("logprobs", False))
         params.setdefault("repetition_penalty", self.config.repetition_penalty)
         params.setdefault("ignore_eos", self.config.ignore_eos)
